@@ -1,0 +1,6 @@
+#include <gtest/gtest.h>
+
+#include <feedline/version.hpp>
+#include <string>
+
+TEST(Version, IsSet) { EXPECT_FALSE(std::string(feedline::version()).empty()); }

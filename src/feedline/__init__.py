@@ -1,0 +1,56 @@
+"""feedline: training data at the speed of the storage, at any scale.
+
+>>> from feedline import Loader, open_dataset
+>>> ds = open_dataset("/lustre/cifar10_large_lmdb")
+>>> loader = Loader(ds, batch_size=1024)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .dataset import Dataset, open_dataset
+from .errors import (
+    ConfigError,
+    CorruptDataError,
+    FeedlineError,
+    StaleDatasetError,
+    StateError,
+    StorageError,
+    UnsupportedFormatError,
+)
+from .index import Index
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Loader": ("feedline.loader", "Loader"),
+    "Batch": ("feedline.loader", "Batch"),
+    "randomization_level": ("feedline.plan.rl", "randomization_level"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'feedline' has no attribute {name!r}")
+
+
+__all__ = [
+    "Batch",
+    "ConfigError",
+    "CorruptDataError",
+    "Dataset",
+    "FeedlineError",
+    "Index",
+    "Loader",
+    "StaleDatasetError",
+    "StateError",
+    "StorageError",
+    "UnsupportedFormatError",
+    "open_dataset",
+    "randomization_level",
+]

@@ -1,0 +1,67 @@
+"""The ``feedline`` command line.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)``, which
+registers the parser and sets ``func``; modules are imported only when listed here, so
+``feedline --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import FeedlineError
+
+# subcommand -> module with add_parser(); order is the order shown in --help
+COMMANDS = {
+    "make": "feedline.make",
+    "index": "feedline.inspect",
+    "inspect": "feedline.inspect",
+    "plan": "feedline.plan.cli",
+    "bench": "feedline.bench.cli",
+    "demo": "feedline.demo",
+    "emulate": "feedline.emulate.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="feedline",
+        description="feedline: data loading for distributed deep learning on HPC storage.",
+        epilog="Run 'feedline COMMAND --help' for the options of a command.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    seen: set[str] = set()
+    for name, modname in COMMANDS.items():
+        if modname in seen:
+            continue
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("feedline"):
+                continue  # subcommand not built yet
+            raise
+        mod.add_parser(sub)
+        seen.add(modname)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except FeedlineError as e:
+        print(f"feedline: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("feedline: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""One place for feedline's defaults, each overridable by an environment variable.
+
+``defaults.get("memory_cap")`` returns the value of ``FEEDLINE_MEMORY_CAP`` if set,
+otherwise the built-in default. Values are parsed to the type of the default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+_GiB = 1 << 30
+
+
+def _node_ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover - non-POSIX
+        return 16 * _GiB
+
+
+@dataclass(frozen=True)
+class _Knob:
+    default: Any
+    doc: str
+
+
+KNOBS: dict[str, _Knob] = {
+    "memory_cap": _Knob(
+        min(int(2.5 * 1e9), _node_ram() // 4),
+        "bytes per node for readers' buffers, windows, index and prefetch "
+        "(default: min(2.5 GB, RAM/4), divided among emulated nodes)",
+    ),
+    "nodes": _Knob(0, "emulated nodes (0: from COMM_TYPE_SHARED)"),
+    "io_threads": _Knob(4, "native I/O threads per reader"),
+    "coalesce_mib": _Knob(8, "minimum coalesced read size in MiB"),
+    "prefetch_depth": _Knob(2, "batches read ahead of the consumer (2 = double buffering)"),
+    "cache_dir": _Knob(
+        os.path.join(os.path.expanduser("~"), ".cache", "feedline"),
+        "where index sidecars go when the dataset directory is read-only",
+    ),
+    "poll_sleep_us": _Knob(200, "sleep between polls of a pending MPI request"),
+    "progress": _Knob(1, "show progress bars on long work (0 to hide)"),
+}
+
+
+def get(name: str) -> Any:
+    """Return the effective value of knob *name* (environment first, then default)."""
+    try:
+        knob = KNOBS[name]
+    except KeyError:
+        raise ConfigError(f"unknown feedline setting {name!r}; known: {sorted(KNOBS)}") from None
+    raw = os.environ.get("FEEDLINE_" + name.upper())
+    if raw is None or raw == "":
+        return knob.default
+    kind = type(knob.default)
+    try:
+        if kind is int:
+            return int(float(raw))
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(f"FEEDLINE_{name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def describe() -> str:
+    """A table of every knob, its effective value and its environment variable."""
+    lines = []
+    for name, knob in KNOBS.items():
+        lines.append(f"FEEDLINE_{name.upper():<16} = {get(name)!s:<24} {knob.doc}")
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Dataset formats: indexers and decoders, registered by name.
+
+Formats register themselves on import; ``detect`` picks one from a path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from ..errors import UnsupportedFormatError
+from .base import FORMATS, Decoder, Format, RawDecoder, register
+
+# name -> module that registers it (imported lazily so h5py etc. load only when used)
+_MODULES = {
+    "lmdb": "feedline.formats.lmdb",
+    "hdf5": "feedline.formats.hdf5",
+    "tfrecord": "feedline.formats.tfrecord",
+    "npy": "feedline.formats.npy",
+    "records": "feedline.formats.records",
+}
+
+
+def get_format(name: str) -> type[Format]:
+    """The Format class registered as *name*."""
+    if name not in FORMATS:
+        mod = _MODULES.get(name)
+        if mod is None:
+            raise UnsupportedFormatError(name, f"unknown format; known: {sorted(_MODULES)}")
+        importlib.import_module(mod)
+    return FORMATS[name]
+
+
+def detect(path) -> str:
+    """Guess the format of *path* (LMDB directory, .h5/.hdf5, .tfrecord(s), .npy)."""
+    if isinstance(path, list | tuple):
+        if not path:
+            raise UnsupportedFormatError("<empty list>", "no files given")
+        path = path[0]
+    p = os.fspath(path)
+    if os.path.isdir(p) and os.path.exists(os.path.join(p, "data.mdb")):
+        return "lmdb"
+    low = p.lower()
+    if low.endswith(".mdb"):
+        return "lmdb"
+    if low.endswith((".h5", ".hdf5")):
+        return "hdf5"
+    if low.endswith((".tfrecord", ".tfrecords")):
+        return "tfrecord"
+    if low.endswith(".npy"):
+        return "npy"
+    if os.path.isdir(p):
+        names = sorted(f.lower() for f in os.listdir(p) if not f.startswith("."))
+        for ext, fmt in ((".h5", "hdf5"), (".hdf5", "hdf5"), (".tfrecord", "tfrecord"),
+                         (".tfrecords", "tfrecord"), (".npy", "npy")):
+            if any(n.endswith(ext) for n in names):
+                return fmt
+    raise UnsupportedFormatError(
+        p,
+        "cannot tell the format; pass format= one of lmdb, hdf5, tfrecord, npy, records "
+        "(records needs record_bytes=...)",
+    )
+
+
+__all__ = ["FORMATS", "Decoder", "Format", "RawDecoder", "detect", "get_format", "register"]
