@@ -1,0 +1,36 @@
+"""``feedline bench SCENARIO``: side-by-side measurements.
+
+Each scenario is a module with ``add_arguments(parser)`` and ``run(args) -> int``; it is
+listed in SCENARIOS and imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+SCENARIOS = {
+    "index": ("feedline.bench.index_bench", "LMDB/HDF5/TFRecord index build: time and bytes read"),
+    "lmdbio": ("feedline.bench.lmdbio", "LMDBIO microbenchmark (§5.1): every preset, cold cache"),
+    "async": ("feedline.bench.async_bench", "asynchronous-I/O paper Tables II-V, buffer sweep"),
+    "shuffle": ("feedline.bench.shuffle", "shuffle quality: RL and accuracy of a small CNN"),
+    "deepio": ("feedline.bench.deepio", "DeepIO in-memory store vs file-system reads"),
+    "overhead": ("feedline.bench.overhead", "Loader CPU overhead per sample vs PyTorch DataLoader"),
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run side-by-side benchmarks", description=__doc__)
+    scen = p.add_subparsers(dest="scenario", metavar="SCENARIO")
+    for name, (modname, help_) in SCENARIOS.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("feedline"):
+                continue
+            raise
+        sp = scen.add_parser(name, help=help_, description=mod.__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(sp)
+        sp.set_defaults(func=mod.run)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
