@@ -42,6 +42,9 @@ KNOBS: dict[str, _Knob] = {
         os.path.join(os.path.expanduser("~"), ".cache", "feedline"),
         "where index sidecars go when the dataset directory is read-only",
     ),
+    "workers": _Knob(1, "loader threads decoding and transforming prefetched batches"),
+    "sample_threads": _Knob(0, "threads reading one sample each for tf-pre (0: CPUs)"),
+    "async_buffer": _Knob("32MiB", "async-I/O buffer B for async/async-db (samples, or bytes with a unit)"),
     "poll_sleep_us": _Knob(200, "sleep between polls of a pending MPI request"),
     "progress": _Knob(1, "show progress bars on long work (0 to hide)"),
 }
