@@ -1,0 +1,251 @@
+"""Read operations: which byte extents each reader reads, for which steps (LMDBIO §4.1, §4.5).
+
+A *unit* is what one set of readers fills: a node's shared window when the strategy
+aggregates (k readers per node), or a rank's private buffer. The steps of the epoch are
+cut into *windows* of w consecutive steps, the same for every unit so that token rounds
+line up: w = 1 without coalescing; with coalescing, the smallest w whose mean data per
+reader reaches ``coalesce_bytes``, capped so that a window's worst-case span (holes
+included) fits half the node's memory cap (one window consumed while the next is read).
+A window's samples are sorted by location, split among the unit's k readers into
+contiguous byte ranges, and merged into extents across holes of at most
+``coalesce_gap`` bytes. Each operation says which samples land in which step's buffer
+slot and at which byte of the operation's buffer, and which steps it serves (the buffer's
+lifetime).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+LIVE_WINDOWS = 2  # double buffering: one window consumed while the next is read
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOp:
+    """One read operation of a reader: coalesced extents and where their samples go.
+
+    Attributes
+    ----------
+    reader : int
+        Reader rank.
+    round : int
+        Window index (token round when staggering).
+    steps : range
+        Steps whose samples this operation carries; its buffer may be released after the
+        last of them is consumed.
+    file_ids, offsets, lengths : numpy.ndarray of int64
+        The extents to read, sorted by (file, offset); their bytes are concatenated in
+        the operation's buffer.
+    ids : numpy.ndarray of int64
+        Sample ids carried (a sample appears once per delivery).
+    step : numpy.ndarray of int64
+        Step of each carried sample.
+    slot : numpy.ndarray of int64
+        Index of each sample in its step's unit list (``node_samples(node, step)`` when
+        aggregated, ``samples(rank, step)`` otherwise).
+    src : numpy.ndarray of int64
+        Byte offset of each sample in the operation's buffer.
+    size : numpy.ndarray of int64
+        Byte length of each sample.
+    """
+
+    reader: int
+    round: int
+    steps: range
+    file_ids: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    ids: np.ndarray
+    step: np.ndarray
+    slot: np.ndarray
+    src: np.ndarray
+    size: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes read from storage (holes included)."""
+        return int(self.lengths.sum())
+
+    @property
+    def payload(self) -> int:
+        """Bytes of the carried samples."""
+        return int(self.size.sum())
+
+    @property
+    def num_reads(self) -> int:
+        """Number of extents (system calls before any engine splitting)."""
+        return len(self.offsets)
+
+
+def unit_of(plan: Plan, reader: int) -> tuple[int, list[int]]:
+    """``(unit id, readers of the unit)`` of *reader*; units are nodes or ranks."""
+    node = plan.world.node_of(reader)
+    readers = plan.readers_of(node)
+    if reader not in readers:
+        raise ConfigError(f"rank {reader} is not a reader of node {node} (readers: {readers})")
+    if plan.strategy.aggregated:
+        return node, readers
+    return reader, [reader]
+
+
+def _unit_shape(plan: Plan) -> tuple[int, int, int, float]:
+    """(worst samples per step of a unit, units per node, readers per unit, mean samples)."""
+    P, B, M = plan.world.size, plan.batch_size, plan.world.nodes
+    per_rank = -(-B // P)
+    ranks_per_node = -(-P // M)  # nodes are contiguous runs of floor/ceil(P/M) ranks
+    if plan.strategy.aggregated:
+        k = max(len(plan.readers_of(n)) for n in {0, M - 1})
+        return per_rank * ranks_per_node, 1, k, B / M
+    return per_rank, ranks_per_node, 1, B / P
+
+
+def window_cap(plan: Plan) -> int:
+    """Bytes one unit may hold for one window: the node cap over live windows and units."""
+    _, units_per_node, _, _ = _unit_shape(plan)
+    return plan.memory_cap // (LIVE_WINDOWS * units_per_node)
+
+
+def window_steps(plan: Plan) -> int:
+    """Steps per window w (same for every unit); raises when one step cannot fit."""
+    s = plan.strategy
+    unit_samples, _, k, mean_unit = _unit_shape(plan)
+    cap = window_cap(plan)
+    worst_step = unit_samples * plan.records.max_length
+    if worst_step > cap:
+        raise ConfigError(
+            f"memory cap {plan.memory_cap} bytes per node cannot hold two steps of reads "
+            f"({worst_step} bytes per {'node' if s.aggregated else 'rank'} and step at worst): "
+            "raise memory_cap or lower the batch size"
+        )
+    if s.coalesce_bytes <= 0 or s.sample_reads:
+        return 1
+    w_cap = cap // max(worst_step, 1)
+    mean_step = max(mean_unit * plan.records.mean_length, 1.0)
+    w_target = int(np.ceil(k * s.coalesce_bytes / mean_step))
+    return int(max(1, min(w_cap, w_target, max(plan.num_steps, 1))))
+
+
+def windows(plan: Plan) -> list[range]:
+    """The step windows of the plan, from ``first_step``."""
+    if plan.num_steps <= plan.first_step:
+        return []
+    w = window_steps(plan)
+    return [range(a, min(a + w, plan.num_steps)) for a in range(plan.first_step, plan.num_steps, w)]
+
+
+def _unit_positions(
+    plan: Plan, unit: int, steps: range
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Global positions of a unit over *steps*, with their step and slot."""
+    geo = plan._geo
+    if plan.strategy.aggregated:
+        ranks = plan.world.ranks_of(unit)
+        first, last = ranks.start, ranks.stop - 1
+    else:
+        first = last = unit
+    st = np.arange(steps.start, steps.stop, dtype=np.int64)
+    L = geo.step_len(st)
+    P = plan.world.size
+    lo = st * plan.batch_size + first * (L // P) + np.minimum(first, L % P)
+    hi = st * plan.batch_size + (last + 1) * (L // P) + np.minimum(last + 1, L % P)
+    cnt = hi - lo
+    starts = np.zeros(len(st) + 1, dtype=np.int64)
+    np.cumsum(cnt, out=starts[1:])
+    idx = np.arange(starts[-1], dtype=np.int64)
+    step = np.repeat(st, cnt)
+    slot = idx - np.repeat(starts[:-1], cnt)
+    pos = np.repeat(lo, cnt) + slot
+    return pos, step, slot
+
+
+def _merge(fid, off, ln, gap: int, separate: bool):
+    """Merge sorted extents across holes <= gap; returns extents and each input's extent."""
+    m = len(off)
+    if m == 0:
+        e = np.zeros(0, dtype=np.int64)
+        return e, e, e, e
+    if separate:
+        which = np.arange(m, dtype=np.int64)
+        return fid.copy(), off.copy(), ln.copy(), which
+    end = np.maximum.accumulate(off + ln)
+    new = np.ones(m, dtype=bool)
+    new[1:] = (fid[1:] != fid[:-1]) | (off[1:] > end[:-1] + gap)
+    which = np.cumsum(new) - 1
+    heads = np.flatnonzero(new)
+    tails = np.append(heads[1:], m) - 1
+    e_off = off[heads]
+    e_len = end[tails] - e_off
+    return fid[heads], e_off, e_len, which
+
+
+def window_ops(plan: Plan, unit: int, readers: list[int], r: int, steps: range) -> list[ReadOp]:
+    """The read operations of every reader of *unit* for window *r*.
+
+    Holes are read through only while the window stays under its memory share: the
+    payload always fits (``window_steps`` sized it), and a reader whose merged extents
+    would exceed its share of the remaining room merges exact neighbours only.
+    """
+    s = plan.strategy
+    pos, step, slot = _unit_positions(plan, unit, steps)
+    ids = plan.ids_at(pos)
+    fid, off, ln = plan.records.extents(ids)
+    order = np.lexsort((off, fid))
+    ids, step, slot, fid, off, ln = (a[order] for a in (ids, step, slot, fid, off, ln))
+    k = len(readers)
+    if k > 1 and len(ids):
+        mid = np.cumsum(ln) - ln / 2.0
+        part = np.minimum((mid * k // max(float(ln.sum()), 1.0)).astype(np.int64), k - 1)
+    else:
+        part = np.zeros(len(ids), dtype=np.int64)
+    coalescing = s.coalesce_bytes > 0 and not s.sample_reads
+    gap = s.coalesce_gap if coalescing else 0
+    ops = []
+    cuts = np.searchsorted(part, np.arange(k + 1))
+    room = max(window_cap(plan) - int(ln.sum()), 0) // k
+    for i, reader in enumerate(readers):
+        a, b = cuts[i], cuts[i + 1]
+        e_fid, e_off, e_len, which = _merge(fid[a:b], off[a:b], ln[a:b], gap, s.sample_reads)
+        if gap and int(e_len.sum()) > int(ln[a:b].sum()) + room:
+            e_fid, e_off, e_len, which = _merge(fid[a:b], off[a:b], ln[a:b], 0, False)
+        buf_start = np.zeros(len(e_len), dtype=np.int64)
+        if len(e_len) > 1:
+            np.cumsum(e_len[:-1], out=buf_start[1:])
+        src = buf_start[which] + (off[a:b] - e_off[which]) if b > a else np.zeros(0, dtype=np.int64)
+        ops.append(
+            ReadOp(
+                reader=reader,
+                round=r,
+                steps=steps,
+                file_ids=e_fid,
+                offsets=e_off,
+                lengths=e_len,
+                ids=ids[a:b],
+                step=step[a:b],
+                slot=slot[a:b],
+                src=src,
+                size=ln[a:b],
+            )
+        )
+    return ops
+
+
+def iter_reads(plan: Plan, reader: int) -> Iterator[ReadOp]:
+    """Read operations of *reader*, one per window, in order (lazily)."""
+    unit, readers = unit_of(plan, reader)
+    i = readers.index(reader)
+    for r, steps in enumerate(windows(plan)):
+        yield window_ops(plan, unit, readers, r, steps)[i]
+
+
+def reads_of(plan: Plan, reader: int) -> list[ReadOp]:
+    """All read operations of *reader* (one per window; some may be empty)."""
+    return list(iter_reads(plan, reader))

@@ -1,0 +1,263 @@
+"""Strategy: the orthogonal knobs of a data-loading configuration, and the named presets.
+
+A :class:`Strategy` is pure data (frozen, hashable, JSON-friendly through
+:meth:`Strategy.to_dict`); the planner, the engine and the loader read the knobs they
+need. Presets name the configurations of the five papers (DESIGN.md, "Strategies: knobs
+and presets"); :func:`get_strategy` returns a preset with some knobs overridden.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import ConfigError
+
+Assignment = Literal["strided", "skip", "contiguous", "global", "chunk", "memory"]
+ChunkLayout = Literal["column", "rank"]
+Locate = Literal["seek", "speculative", "index"]
+ReadMethod = Literal["mmap", "pread", "odirect"]
+Store = Literal["off", "ordered", "opportunistic", "auto"]
+
+ASSIGNMENTS = ("strided", "skip", "contiguous", "global", "chunk", "memory")
+_MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """The knobs of a data-loading strategy (DESIGN.md, "Strategies").
+
+    Parameters
+    ----------
+    assignment : {"strided", "skip", "contiguous", "global", "chunk", "memory"}
+        Which samples each step and rank get (see ``docs/planner.md``).
+    chunk : int
+        Group size in samples for ``chunk`` (the async-I/O paper's buffer B) and the unit
+        loaded per round for ``memory``; 0 chooses automatically.
+    chunk_layout : {"column", "rank"}
+        ``column``: world-size independent order, each rank consumes whole groups one
+        sample per step per batch column (feedline). ``rank``: each rank owns a
+        contiguous share of the shuffled groups, exactly the async-I/O paper's pattern
+        (depends on the world size).
+    memory_fraction : float
+        DeepIO's R: the fraction of the dataset held in memory per round (``memory``).
+    readers_per_node : int or None
+        k reader ranks per node filling a node shared-memory window; 0: every rank reads
+        for itself; None: LMDBIO's rule (1 reader up to 16 ranks per node, 2 beyond).
+    locate : {"seek", "speculative", "index"}
+        How records are found: walk the LMDB tree at run time, LMDBIO-DM speculation,
+        or seek-free from the index / provenance.
+    read : {"mmap", "pread", "odirect"}
+        The read system call family.
+    coalesce_bytes : int
+        Merge the extents of future steps into reads of at least this many bytes,
+        under the memory cap; 0 disables coalescing.
+    coalesce_gap : int
+        Largest hole (bytes) read through when merging neighbouring extents.
+    sample_reads : bool
+        One read per sample, never merging neighbours (TF's per-sample reads).
+    stagger : int
+        Reader group size n for I/O staggering (n tokens, one group reads at a time);
+        0 disables staggering.
+    prefetch_depth : int
+        Batches read ahead of the consumer: 0 synchronous, 1 one buffer filled by an
+        I/O thread, 2 double buffering, d > 2 a prefetch queue.
+    io_thread : bool
+        Reads run on a dedicated I/O thread (async-I/O paper) rather than in the
+        consumer.
+    store : {"off", "ordered", "opportunistic", "auto"}
+        DeepIO distributed in-memory store; ``auto`` uses it when the dataset fits.
+    circular : bool
+        Caffe's circular reading: the last step is filled by wrapping to the start of
+        the epoch's order (not exactly-once; never the default).
+    rl_floor : float
+        Minimum DeepIO randomization level when the chunk size is chosen automatically.
+    own_lock : bool
+        One LMDB lock file per process (MPI-Caffe's fix); affects liblmdb baselines only.
+    """
+
+    assignment: Assignment = "strided"
+    chunk: int = 0
+    chunk_layout: ChunkLayout = "column"
+    memory_fraction: float = 1.0
+    readers_per_node: int | None = 0
+    locate: Locate = "index"
+    read: ReadMethod = "pread"
+    coalesce_bytes: int = 0
+    coalesce_gap: int = 0
+    sample_reads: bool = False
+    stagger: int = 0
+    prefetch_depth: int = 0
+    io_thread: bool = False
+    store: Store = "off"
+    circular: bool = False
+    rl_floor: float = 0.0
+    own_lock: bool = False
+
+    def __post_init__(self) -> None:
+        if self.assignment not in ASSIGNMENTS:
+            raise ConfigError(
+                f"unknown assignment {self.assignment!r}; known: {', '.join(ASSIGNMENTS)}"
+            )
+        if self.chunk_layout not in ("column", "rank"):
+            raise ConfigError(f"chunk_layout must be 'column' or 'rank', not {self.chunk_layout!r}")
+        if self.locate not in ("seek", "speculative", "index"):
+            raise ConfigError(f"locate must be seek, speculative or index, not {self.locate!r}")
+        if self.read not in ("mmap", "pread", "odirect"):
+            raise ConfigError(f"read must be mmap, pread or odirect, not {self.read!r}")
+        if self.store not in ("off", "ordered", "opportunistic", "auto"):
+            raise ConfigError(
+                f"store must be off, ordered, opportunistic or auto, not {self.store!r}"
+            )
+        for name in ("chunk", "coalesce_bytes", "coalesce_gap", "stagger", "prefetch_depth"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.readers_per_node is not None and self.readers_per_node < 0:
+            raise ConfigError("readers_per_node must be >= 0 or None")
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise ConfigError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        if not 0.0 <= self.rl_floor <= 1.0:
+            raise ConfigError(f"rl_floor must be in [0, 1], got {self.rl_floor}")
+
+    @property
+    def seeks(self) -> bool:
+        """True when records are located at run time (the sidecar index is not used)."""
+        return self.locate != "index"
+
+    @property
+    def aggregated(self) -> bool:
+        """True when a few readers per node fill a node shared-memory window."""
+        return self.readers_per_node != 0
+
+    def readers_for(self, ranks_on_node: int) -> int:
+        """Reader ranks on a node of *ranks_on_node* ranks (k; every rank when 0)."""
+        k = self.readers_per_node
+        if k is None:  # LMDBIO §4.1: one root suffices up to 16 cores, two beyond
+            k = 1 if ranks_on_node <= 16 else 2
+        if k == 0:
+            return ranks_on_node
+        return max(1, min(k, ranks_on_node))
+
+    def replace(self, **changes: Any) -> Strategy:
+        """A copy with *changes* applied (validated)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(
+                f"unknown strategy knob(s) {sorted(unknown)}; known: "
+                f"{[f.name for f in dataclasses.fields(self)]}"
+            )
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The knobs as a plain dict (for loader state and JSON)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Strategy:
+        """Inverse of :meth:`to_dict`."""
+        return cls().replace(**d)
+
+
+_LMM = Strategy(assignment="strided", readers_per_node=None, locate="seek", read="mmap")
+_COAL = 8 * _MiB
+
+#: Every preset of DESIGN.md, with the paper row it reproduces (also in PRESET_DOCS).
+PRESETS: dict[str, Strategy] = {
+    # LMDBIO journal §3: Caffe/LMDB, every rank walks a liblmdb cursor over mmap.
+    "lmdb": Strategy(assignment="strided", readers_per_node=0, locate="seek", read="mmap"),
+    # LMDBIO §4.1-4.6, cumulative.
+    "lmm": _LMM,
+    "lmm-dm": _LMM.replace(locate="speculative"),
+    "lmm-dio": _LMM.replace(read="pread"),
+    "lmm-dio-prov": _LMM.replace(locate="index", read="pread"),
+    "lmm-dio-prov-coal": _LMM.replace(
+        locate="index", read="pread", coalesce_bytes=_COAL, coalesce_gap=64 << 10
+    ),
+    "lmm-dio-prov-coal-stag": _LMM.replace(
+        locate="index", read="pread", coalesce_bytes=_COAL, coalesce_gap=64 << 10, stagger=4
+    ),
+    # MPI-Caffe on FEFS: read one, skip P-1 (original) vs one contiguous region per rank.
+    "skip": Strategy(assignment="skip", locate="seek", read="mmap", own_lock=True),
+    "contiguous": Strategy(assignment="contiguous", locate="seek", read="mmap", own_lock=True),
+    # Asynchronous-I/O paper §IV: TF per-sample reads, TF with prefetch, Async I/O (one
+    # buffer, I/O thread), Async I/O with double buffering.
+    "tf": Strategy(assignment="global", sample_reads=True, read="pread"),
+    "tf-pre": Strategy(assignment="global", sample_reads=True, read="pread", prefetch_depth=2),
+    "async": Strategy(
+        assignment="chunk", chunk_layout="rank", read="pread", io_thread=True, prefetch_depth=1
+    ),
+    "async-db": Strategy(
+        assignment="chunk", chunk_layout="rank", read="pread", io_thread=True, prefetch_depth=2
+    ),
+    # DeepIO: in-memory store, global permutation over what is in memory each round.
+    "deepio-ordered": Strategy(
+        assignment="memory", store="ordered", read="pread", prefetch_depth=2
+    ),
+    "deepio-opportunistic": Strategy(
+        assignment="memory", store="opportunistic", read="pread", prefetch_depth=2
+    ),
+    # The best combination: node aggregation, seek-free, coalesced direct reads,
+    # staggering, chunk shuffle with an RL floor, double buffering, store when it fits.
+    "feedline": Strategy(
+        assignment="chunk",
+        chunk_layout="column",
+        readers_per_node=None,
+        locate="index",
+        read="odirect",
+        coalesce_bytes=_COAL,
+        coalesce_gap=64 << 10,
+        stagger=4,
+        prefetch_depth=2,
+        io_thread=True,
+        store="auto",
+        rl_floor=0.9,
+    ),
+}
+
+PRESET_DOCS: dict[str, str] = {
+    "lmdb": "Caffe/LMDB (LMDBIO §3): every rank seeks with a liblmdb cursor over mmap",
+    "lmm": "LMDBIO-LMM (§4.1): k root readers per node via mmap into a node shared window",
+    "lmm-dm": "LMDBIO-LMM-DM (§4.2): + portable cursors, speculative parallel prefetch",
+    "lmm-dio": "LMDBIO-LMM-DIO (§4.3): one process seeks, roots read with pread",
+    "lmm-dio-prov": "LMDBIO-LMM-DIO-PROV (§4.4): seek-free offsets from provenance",
+    "lmm-dio-prov-coal": "LMDBIO-...-COAL (§4.5): reads of future steps coalesced under the memory cap",
+    "lmm-dio-prov-coal-stag": "LMDBIO-...-STAG (§4.6): + I/O staggering by token passing",
+    "skip": "MPI-Caffe original: rank r reads records r, r+P, ... (read one, skip P-1)",
+    "contiguous": "MPI-Caffe improved: each rank reads its own contiguous region",
+    "tf": "Async-I/O paper 'TF': global shuffle, one read per sample, no prefetch",
+    "tf-pre": "Async-I/O paper 'TF-Pre': global shuffle, one read per sample, prefetch",
+    "async": "Async-I/O paper 'Async I/O': shuffled contiguous groups, I/O thread, one buffer",
+    "async-db": "Async-I/O paper 'Async I/O (DB)': + double buffering",
+    "deepio-ordered": "DeepIO-Base: in-memory store, ordered mode",
+    "deepio-opportunistic": "DeepIO-Opp: in-memory store, entropy-aware opportunistic ordering",
+    "feedline": "feedline default: aggregation, seek-free, coalesced O_DIRECT, staggering, chunk shuffle",
+}
+
+
+def get_strategy(name: str | Strategy = "feedline", **overrides: Any) -> Strategy:
+    """The strategy of preset *name* with *overrides* applied.
+
+    Parameters
+    ----------
+    name : str or Strategy
+        A key of :data:`PRESETS`, an assignment name (``"global"``, ``"chunk"``, ...:
+        the default knobs with that assignment), or a Strategy.
+    **overrides
+        Knobs to change, e.g. ``get_strategy("lmm", readers_per_node=2)``.
+
+    Raises
+    ------
+    ConfigError
+        Unknown preset or knob, or an invalid value.
+    """
+    if isinstance(name, Strategy):
+        base = name
+    elif name in ASSIGNMENTS and name not in PRESETS:
+        base = Strategy(assignment=name)  # type: ignore[arg-type]
+    else:
+        try:
+            base = PRESETS[name]
+        except KeyError:
+            raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+    return base.replace(**overrides) if overrides else base
