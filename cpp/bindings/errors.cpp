@@ -3,6 +3,8 @@
 // without the package (stub generation imports it bare).
 #include <feedline/errors.hpp>
 
+#include <nanobind/stl/string.h>
+
 #include "bindings.hpp"
 
 namespace nb = nanobind;
