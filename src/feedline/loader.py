@@ -1,0 +1,528 @@
+"""The Loader: a plan executed by a source, delivered as batches, with exact resume.
+
+Each epoch the Loader makes the pure plan of the epoch (``feedline.plan.make_plan``)
+for this world, starts the preset's *source* (which brings this rank's raw records) and
+runs it ahead of the consumer on background threads (read-ahead depth 2 = double
+buffering), decoding and transforming in worker threads. Because the plan is pure, the
+position in the epoch is just a step count: ``state_dict`` is a few hundred bytes and
+resuming — even at another world size — replays the plan from that step. The trade-off
+is memory for overlap: each step of read-ahead holds one more sub-batch per rank, and
+the cap is checked before anything is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import resource
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import defaults
+from .errors import ConfigError, StateError
+from .pipeline import state as _state
+from .pipeline.options import PipelineOptions, default_buffer, pipeline_options
+from .pipeline.runner import EpochRun
+from .pipeline.source import SOURCES, RawBatch, Source, SourceContext, source_name_for
+from .pipeline.world import LoaderWorld, resolve_world
+
+_LIVE: weakref.WeakSet[Loader] = weakref.WeakSet()
+
+
+@dataclass(slots=True)
+class Batch:
+    """This rank's sub-batch of one step.
+
+    Attributes
+    ----------
+    data : numpy.ndarray (or what ``transform`` returns)
+        Decoded samples ``(b, ...)``; with ``decode=False`` raw bytes: ``(b, L)`` uint8
+        for fixed-size records, else a flat uint8 array cut by ``lengths``.
+    labels : numpy.ndarray or None
+        Labels from the decoder or the index's label column.
+    ids : numpy.ndarray of int64
+        Global sample ids, in delivery order.
+    lengths : numpy.ndarray of int64
+        Raw record length of each sample.
+    step, epoch : int
+        Where in the run this batch belongs.
+    """
+
+    data: Any
+    labels: Any
+    ids: np.ndarray
+    lengths: np.ndarray
+    step: int = 0
+    epoch: int = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class Loader:
+    """Feeds this rank its share of every global batch, epoch after epoch.
+
+    Parameters
+    ----------
+    dataset : Dataset
+        From :func:`feedline.open_dataset`.
+    batch_size : int
+        The *global* batch B; each of the P ranks gets a sub-batch of B/P (sizes differ by
+        at most one, lower ranks take the extra).
+    preset : str
+        A strategy preset (``feedline``, ``tf``, ``tf-pre``, ``async``, ``async-db``, and
+        those added by other sources); see ``docs/loader.md``.
+    seed : int
+        Seed of the shuffle; the epoch order is a pure function of (dataset, preset,
+        seed, epoch) and, for presets that depend on it, the world size.
+    comm : mpi4py communicator, optional
+        Defaults to ``MPI.COMM_WORLD`` when launched by ``mpiexec``/``srun``, else one
+        process. (Internal: a :class:`~feedline.pipeline.world.LoaderWorld`.)
+    drop_last : bool
+        Drop the last partial global batch.
+    decode : bool
+        Decode records with the format's decoder (default), or deliver raw bytes.
+    transform : callable, optional
+        ``transform(batch) -> batch``, run in the loader's worker threads after decoding.
+    memory_cap : int or str, optional
+        Bytes per node for buffers, read-ahead and index (default
+        ``FEEDLINE_MEMORY_CAP``: min(2.5 GB, RAM/4), divided among emulated nodes).
+    **options
+        :class:`~feedline.pipeline.options.PipelineOptions` (``shuffle``,
+        ``prefetch_depth``, ``workers``, ``io_threads``, ``sample_threads``, ``buffer``,
+        ``nodes``, ``timeout_s``), ``source`` (a registered source name) and strategy
+        knobs (``chunk``, ``coalesce_bytes``, ... see :class:`feedline.plan.Strategy`).
+
+    Raises
+    ------
+    ConfigError
+        Unknown option or preset, or a configuration that cannot fit the memory cap.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        batch_size: int,
+        preset: str = "feedline",
+        seed: int = 0,
+        comm: Any = None,
+        drop_last: bool = False,
+        decode: bool = True,
+        transform=None,
+        memory_cap: int | str | None = None,
+        **options: Any,
+    ) -> None:
+        from .plan.strategy import Strategy, get_strategy
+
+        if int(batch_size) < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if int(seed) < 0:
+            raise ConfigError(f"seed must be >= 0, got {seed}")
+        if transform is not None and not callable(transform):
+            raise ConfigError("transform must be callable: transform(batch) -> batch")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.preset = preset if isinstance(preset, str) else "custom"
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.decode = bool(decode)
+        self.transform = transform
+        explicit_source = options.pop("source", None)
+        opts, knobs = pipeline_options(options)
+        self.options: PipelineOptions = opts
+        self.world: LoaderWorld = resolve_world(comm, opts.nodes)
+        self._index = dataset.index
+        self.n = len(self._index)
+        self._source_name = source_name_for(self.preset, explicit_source)
+        self.strategy: Strategy = self._make_strategy(get_strategy(preset), knobs)
+        self.memory_cap = self._resolve_cap(memory_cap)
+        ctx = SourceContext(
+            dataset=dataset,
+            rank=self.world.rank,
+            size=self.world.size,
+            options=opts,
+            world=self.world.dist,
+            memory_cap=self.memory_cap,
+            ranks_per_node=self.world.ranks_per_node,
+            extra={},
+        )
+        self._source: Source = SOURCES[self._source_name](ctx)
+        self._epoch = 0
+        self._step = 0  # next step to deliver in this epoch
+        self._chain: list[list[int]] = [[self.world.size, self.world.nodes, 0]]
+        self._run: EpochRun | None = None
+        self._run_first = 0
+        self._resumed = False
+        self._fingerprint: str | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._exposed_s = 0.0
+        self._delivered = 0
+        self._samples = 0
+        self._payload = 0
+        self._decode_s = 0.0
+        self._ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        self._t0 = time.perf_counter()
+        self._check_memory()
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------ configuration
+    def _make_strategy(self, base, knobs: dict[str, Any]):
+        changes = dict(knobs)
+        opts = self.options
+        if opts.prefetch_depth is not None:
+            changes["prefetch_depth"] = opts.prefetch_depth
+        elif base.prefetch_depth >= 2 and os.environ.get("FEEDLINE_PREFETCH_DEPTH"):
+            changes["prefetch_depth"] = int(defaults.get("prefetch_depth"))
+        if not opts.shuffle:
+            changes["assignment"] = "strided"
+        st = base.replace(**changes) if changes else base
+        if st.assignment == "chunk" and "chunk" not in knobs:
+            mean = float(self._index.lengths.mean()) if self.n else 1.0
+            if opts.buffer is not None:
+                st = st.replace(chunk=opts.buffer.in_samples(mean))
+            elif st.chunk == 0 and st.chunk_layout == "rank":
+                st = st.replace(chunk=default_buffer().in_samples(mean))
+        if self._source_name == "direct" and st.aggregated:
+            # node aggregation needs the node source (MPI windows); direct reads per rank
+            st = st.replace(readers_per_node=0)
+        if st.stagger and self._source_name == "direct":
+            st = st.replace(stagger=0)  # token passing needs MPI; direct ranks read freely
+        return st
+
+    def _resolve_cap(self, memory_cap) -> int:
+        from .pipeline.options import parse_bytes
+
+        if memory_cap is None:
+            cap = int(defaults.get("memory_cap"))
+            if self.world.emulated:
+                cap //= max(1, self.world.nodes)
+        else:
+            cap = parse_bytes(memory_cap, "memory_cap")
+        if cap < 1:
+            raise ConfigError(f"memory_cap must be positive, got {memory_cap!r}")
+        return cap
+
+    def _plan(self, epoch: int, first_step: int = 0, chain: list[list[int]] | None = None):
+        from .plan.plan import make_plan
+        from .plan.world import WorldSpec
+
+        chain = chain or [[self.world.size, self.world.nodes, 0]]
+        p0, m0, _ = chain[0]
+        plan = make_plan(
+            self._index,
+            WorldSpec(p0, m0),
+            self.strategy,
+            self.seed,
+            epoch,
+            self.batch_size,
+            self.drop_last,
+            memory_cap=self.memory_cap,
+        )
+        for p, m, s in chain[1:]:
+            plan = plan.resume(s, WorldSpec(p, m))
+        here = WorldSpec(self.world.size, self.world.nodes)
+        if first_step or plan.world != here:
+            plan = plan.resume(first_step, here)
+        return plan
+
+    def memory_estimate(self) -> dict[str, int]:
+        """Bytes per node this configuration holds at most, by part."""
+        plan = self._plan(self._epoch)
+        per_rank_batch = -(-self.batch_size // self.world.size) * int(plan.records.max_length)
+        depth = 0 if self._source.threaded else int(self.strategy.prefetch_depth)
+        decoded = 2 if self.decode else 1
+        rpn = self.world.ranks_per_node
+        parts = {
+            "source": rpn * self._source.memory_bytes(plan),
+            "batches": rpn * (depth + 1) * per_rank_batch * decoded,
+            "index": 20 * self.n,
+        }
+        parts["total"] = sum(parts.values())
+        return parts
+
+    def _check_memory(self) -> None:
+        try:
+            est = self.memory_estimate()
+        except ConfigError as e:
+            raise ConfigError(f"preset {self.preset!r}: {e}") from None
+        if est["total"] > self.memory_cap:
+            raise ConfigError(
+                f"preset {self.preset!r} with global batch {self.batch_size} on "
+                f"{self.world.size} rank(s) needs about {est['total'] / 1e6:.1f} MB per node "
+                f"(source buffers {est['source'] / 1e6:.1f} MB, read-ahead batches "
+                f"{est['batches'] / 1e6:.1f} MB, index {est['index'] / 1e6:.1f} MB), over the "
+                f"memory cap of {self.memory_cap / 1e6:.1f} MB. Lower batch_size, "
+                f"prefetch_depth or buffer=, or raise memory_cap= (FEEDLINE_MEMORY_CAP)."
+            )
+
+    # -------------------------------------------------------------- iteration
+    def __len__(self) -> int:
+        """Steps per epoch (every rank runs all of them)."""
+        from .plan.layout import num_steps
+
+        return num_steps(self.n, self.batch_size, self.drop_last)
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch."""
+        return self._epoch
+
+    @property
+    def step(self) -> int:
+        """Steps of the current epoch already delivered."""
+        return self._step
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to iterate; a different epoch restarts at step 0.
+
+        Setting the epoch a resumed state points at keeps the resume position, so
+        ``load_state_dict(s)`` then ``set_epoch(s["epoch"])`` continues mid-epoch.
+        """
+        if int(epoch) < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        if int(epoch) == self._epoch:
+            return
+        self._stop_run()
+        self._resumed = False
+        self._epoch = int(epoch)
+        self._step = 0
+        self._chain = [[self.world.size, self.world.nodes, 0]]
+
+    def __iter__(self) -> _Epoch:
+        if self._closed:
+            raise ConfigError("this Loader is closed")
+        self._stop_run()
+        steps = len(self)
+        if self._step >= steps and not self._resumed:
+            # a finished epoch iterates again from its start (a state loaded at the end
+            # of an epoch, though, means "nothing left": one empty pass first)
+            self._step = 0
+            self._chain = [[self.world.size, self.world.nodes, 0]]
+        self._resumed = False
+        plan = self._plan(self._epoch, self._step, self._chain)
+        first = self._step
+        self._source.start(plan, first)
+        run = EpochRun(
+            self._source,
+            first,
+            steps,
+            self._assemble,
+            depth=int(self.strategy.prefetch_depth),
+            workers=self.options.workers,
+            timeout_s=self.options.timeout_s,
+            name=f"feedline-r{self.world.rank}",
+        )
+        self._run = run
+        self._run_first = first
+        return _Epoch(self, run)
+
+    def _on_batch(self, run: EpochRun, batch: Batch) -> None:
+        if run is self._run:
+            self._step = run.next_step
+        self._delivered += 1
+        ids = getattr(batch, "ids", None)  # a transform may return another type
+        if ids is not None:
+            self._samples += len(ids)
+            self._payload += int(np.asarray(batch.lengths).sum())
+
+    def _assemble(self, raw: RawBatch, step: int) -> Batch:
+        t0 = time.perf_counter()
+        ids, lengths = raw.ids, raw.lengths
+        if self.decode:
+            data, labels = self.dataset.decode(raw.data, lengths, ids)
+        else:
+            data = raw.data
+            fixed = self._index.fixed_length
+            if fixed is not None:
+                data = data.reshape(len(ids), fixed)
+            labels = None if self._index.labels is None else np.asarray(self._index.labels[ids])
+        batch = Batch(data, labels, ids, lengths, step, self._epoch)
+        if self.transform is not None:
+            out = self.transform(batch)
+            batch = out if out is not None else batch
+        self._decode_s += time.perf_counter() - t0
+        return batch
+
+    def _stop_run(self) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            self._exposed_s += run.exposed_s
+            run.close()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = self.dataset.fingerprint
+        return self._fingerprint
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position: small (< 4 KB), JSON-able, identical on every rank.
+
+        Counts the batches already handed to the consumer (not those read ahead).
+        """
+        return _state.seal(
+            {
+                "epoch": self._epoch,
+                "step": self._step,
+                "seed": self.seed,
+                "preset": self.preset,
+                "strategy": self.strategy.to_dict(),
+                "batch_size": self.batch_size,
+                "drop_last": self.drop_last,
+                "world_size": self.world.size,
+                "nodes": self.world.nodes,
+                "chain": [list(c) for c in self._chain],
+                "n": self.n,
+                "dataset": self.fingerprint,
+            }
+        )
+
+    def load_state_dict(self, state: dict[str, Any] | str) -> None:
+        """Continue where *state* left off (any world size; see ``docs/loader.md``).
+
+        Raises
+        ------
+        StateError
+            The state is damaged, or belongs to another dataset, batch size or order.
+        """
+        body = _state.open_state(state)
+        _state.check_compatible(
+            body,
+            fingerprint=self.fingerprint,
+            n=self.n,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            strategy=self.strategy.to_dict(),
+        )
+        steps = len(self)
+        if body["step"] > steps:
+            raise StateError(
+                f"loader state step {body['step']} is beyond the epoch's {steps} steps"
+            )
+        chain = [list(c) for c in body["chain"]] or [[body["world_size"], body["nodes"], 0]]
+        if chain[0][2] != 0 or any(b[2] < a[2] for a, b in itertools.pairwise(chain)):
+            raise StateError("loader state has an inconsistent world chain")
+        if chain[-1][0] != body["world_size"]:
+            raise StateError("loader state's world chain does not end at its world size")
+        here = [self.world.size, self.world.nodes]
+        if chain[-1][:2] != here and body["step"] < steps:
+            chain.append([*here, body["step"]])
+        self._stop_run()
+        self.seed = body["seed"]
+        self._epoch = body["epoch"]
+        self._step = body["step"]
+        self._chain = chain
+        self._resumed = True
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict[str, Any]:
+        """Counters of this rank since the Loader was made.
+
+        ``exposed_io_s`` (time the consumer waited for batches), ``steps``, ``samples``,
+        ``payload_bytes``, the source's ``storage_bytes``/``storage_ops``/``io_s`` (busy
+        I/O thread-seconds)/``buffer_bytes``, ``decode_s``, ``peak_rss_bytes``,
+        ``ctx_switches_voluntary``/``ctx_switches_involuntary``, ``memory_estimate_bytes``.
+        """
+        run = self._run
+        exposed = self._exposed_s + (run.exposed_s if run is not None else 0.0)
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        out: dict[str, Any] = {
+            "preset": self.preset,
+            "source": self._source_name,
+            "rank": self.world.rank,
+            "ranks": self.world.size,
+            "nodes": self.world.nodes,
+            "exposed_io_s": exposed,
+            "steps": self._delivered,
+            "samples": self._samples,
+            "payload_bytes": self._payload,
+            "decode_s": self._decode_s,
+            "wall_s": time.perf_counter() - self._t0,
+            "peak_rss_bytes": int(ru.ru_maxrss) * 1024,
+            "ctx_switches_voluntary": int(ru.ru_nvcsw - self._ru0.ru_nvcsw),
+            "ctx_switches_involuntary": int(ru.ru_nivcsw - self._ru0.ru_nivcsw),
+            "memory_cap_bytes": self.memory_cap,
+        }
+        with contextlib.suppress(ConfigError):  # pragma: no cover - checked at construction
+            out["memory_estimate_bytes"] = self.memory_estimate()["total"]
+        for k, v in self._source.stats().items():
+            out.setdefault(k, v)
+        return out
+
+    # -------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Stop reading and release threads, buffers and files. Idempotent."""
+        if self._closed:
+            return
+        self._stop_run()
+        self._closed = True
+        self._source.close()
+        self.world.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<feedline.Loader preset={self.preset} source={self._source_name} B={self.batch_size} "
+            f"rank={self.world.rank}/{self.world.size} epoch={self._epoch} step={self._step}/{len(self)}>"
+        )
+
+    @property
+    def options_summary(self) -> dict[str, Any]:
+        """Effective options and strategy knobs (for logs and the bench)."""
+        return {"pipeline": dataclasses.asdict(self.options), "strategy": self.strategy.to_dict()}
+
+
+class _Epoch:
+    """The iterator of one pass; dropping it (``break``) stops the loader's threads."""
+
+    def __init__(self, loader: Loader, run: EpochRun) -> None:
+        self._loader = loader
+        self._run = run
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> Batch:
+        batch = next(self._run)
+        self._loader._on_batch(self._run, batch)
+        return batch
+
+    def __len__(self) -> int:
+        return self._run.last - self._run.next_step
+
+    def close(self) -> None:
+        """Stop this pass now (threads joined)."""
+        self._run.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._run.close()
+
+
+def _close_all() -> None:  # at interpreter exit: never leave reader threads behind
+    for loader in list(_LIVE):
+        with contextlib.suppress(Exception):
+            loader.close()
+
+
+import atexit  # noqa: E402
+
+atexit.register(_close_all)

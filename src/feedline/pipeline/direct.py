@@ -1,0 +1,155 @@
+"""``direct``: each rank executes its own read operations from the plan with the engine.
+
+The plan (``feedline.plan.reads``) cuts the epoch into windows of w steps and gives
+each rank one operation per window: extents sorted by location and merged across small
+holes (w = 1 without coalescing; with ``coalesce_bytes`` w grows until reads reach that
+size under the memory cap). This source reads a window into one buffer and cuts each
+step's sub-batch out of it in delivery order. With coalescing and read-ahead it starts
+reading the next window while the current one is consumed (two live windows, as the
+planner sized them). With ``sample_reads`` every record is its own read: ``tf`` reads
+them one at a time in the caller, ``tf-pre`` on a pool of threads like tf.data's
+AUTOTUNE, ahead of the consumer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from .reader import ExtentReader, ReadList, gather
+from .source import RawBatch, Source, SourceContext, register_source
+
+
+class _Window:
+    """One read operation in flight or loaded, indexed by step."""
+
+    __slots__ = ("buf", "future", "ids", "lo", "op", "size", "src", "steps")
+
+    def __init__(self, op, reader: ExtentReader) -> None:
+        self.op = op
+        self.steps = op.steps
+        order = np.lexsort((op.slot, op.step))
+        self.ids = op.ids[order]
+        self.src = op.src[order]
+        self.size = op.size[order]
+        st = op.step[order]
+        self.lo = np.searchsorted(st, np.arange(op.steps.start, op.steps.stop + 1))
+        self.buf = np.empty(op.nbytes, dtype=np.uint8)
+        reads = ReadList(op.file_ids, op.offsets, op.lengths, _dest(op.lengths))
+        self.future = reader.submit(reads, self.buf)
+
+    def take(self, step: int) -> RawBatch:
+        i = step - self.steps.start
+        a, b = int(self.lo[i]), int(self.lo[i + 1])
+        if a == b:
+            return RawBatch.empty()
+        self.future.result()
+        data = gather(self.buf, self.src[a:b], self.size[a:b])
+        return RawBatch(self.ids[a:b], data, self.size[a:b])
+
+
+def _dest(lengths: np.ndarray) -> np.ndarray:
+    dest = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], out=dest[1:])
+    return dest
+
+
+class DirectSource(Source):
+    """Every rank reads the extents of its own samples (no aggregation)."""
+
+    name = "direct"
+
+    def __init__(self, ctx: SourceContext) -> None:
+        super().__init__(ctx)
+        self._reader: ExtentReader | None = None
+        self._threads = 0
+        self._live: deque[_Window] = deque()
+        self._ops: Any = iter(())
+        self._ahead = 0
+        self._peak_buffer = 0
+        self._windows = 0
+
+    def _threads_for(self, plan) -> int:
+        st = plan.strategy
+        if st.sample_reads:
+            # TF: one sample per read; without prefetch tf.data reads in the caller,
+            # one at a time; with prefetch a thread pool sized like AUTOTUNE
+            return 1 if st.prefetch_depth == 0 else self.ctx.options.sample_threads
+        return self.ctx.options.io_threads
+
+    def start(self, plan, first_step: int) -> None:
+        from ..plan.reads import iter_reads, window_steps
+
+        self.stop()
+        threads = self._threads_for(plan)
+        if self._reader is None or threads != self._threads:
+            if self._reader is not None:
+                self._reader.close()
+            self._reader = ExtentReader(self.ctx.dataset.files, threads, plan.strategy.read)
+            self._threads = threads
+        self._plan = plan
+        self._ops = iter_reads(plan, self.ctx.rank)
+        w = window_steps(plan)
+        # read the next window while this one is consumed only when windows span several
+        # steps; per-step read-ahead is the Loader's prefetch queue
+        self._ahead = 1 if (w > 1 and plan.strategy.prefetch_depth >= 2) else 0
+
+    def _pull(self) -> bool:
+        op = next(self._ops, None)
+        if op is None:
+            return False
+        assert self._reader is not None
+        self._live.append(_Window(op, self._reader))
+        self._windows += 1
+        self._peak_buffer = max(self._peak_buffer, sum(w.buf.nbytes for w in self._live))
+        return True
+
+    def get(self, step: int) -> RawBatch:
+        while self._live and self._live[0].steps.stop <= step:
+            self._live.popleft().future.result()  # consumed: release its buffer
+        while not self._live or self._live[-1].steps.stop <= step:
+            if not self._pull():
+                raise IndexError(f"step {step} is beyond the plan's reads")
+        while len(self._live) < 1 + self._ahead and self._pull():
+            pass
+        win = self._live[0]
+        if step not in win.steps:  # pragma: no cover - windows are consecutive
+            raise IndexError(f"step {step} not in window {win.steps}")
+        return win.take(step)
+
+    def stop(self) -> None:
+        while self._live:
+            w = self._live.popleft()
+            with contextlib.suppress(Exception):
+                w.future.result()  # never free a buffer the engine still writes
+        self._ops = iter(())
+
+    def memory_bytes(self, plan) -> int:
+        from ..plan.reads import window_cap, window_steps
+
+        w = window_steps(plan)
+        ahead = 1 if (w > 1 and plan.strategy.prefetch_depth >= 2) else 0
+        sub = -(-plan.batch_size // plan.world.size)
+        payload = w * sub * int(plan.records.max_length)
+        # a window reads through holes only while it fits its share of the cap
+        per_window = max(payload, min(window_cap(plan), 2 * payload)) if w > 1 else payload
+        return (1 + ahead) * per_window
+
+    def stats(self) -> dict[str, Any]:
+        st = self._reader.stats() if self._reader is not None else {}
+        st["buffer_bytes"] = self._peak_buffer
+        st["read_windows"] = self._windows
+        return st
+
+    def close(self) -> None:
+        self.stop()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+register_source(DirectSource, presets=("tf", "tf-pre", "feedline"))
