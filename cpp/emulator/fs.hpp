@@ -1,0 +1,121 @@
+// The emulator's file system: one FUSE mount whose root lists node0 ... node{M-1}, each a
+// read-only view of the source directory with its own inode numbers (so the kernel keeps
+// a separate page cache per emulated node), plus three control files. Private to the
+// emulator executable.
+#pragma once
+
+#define FUSE_USE_VERSION 312  // FUSE_MAKE_VERSION(3, 12): fuse_loop_config API
+#include <fuse_lowlevel.h>
+
+#include <time.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "accounting.hpp"
+#include "model.hpp"
+
+namespace feedline::emulator {
+
+/// Predicts how long a reply's copy into the kernel takes, so that a worker can wake
+/// that much before a deadline and the client sees the data at the deadline. Uses the
+/// fastest per-byte cost among recent large replies: a conservative guess, so a reply
+/// almost never completes before its deadline.
+class CopyCost {
+ public:
+  /// Record a reply of @p bytes that took @p seconds.
+  void record(std::size_t bytes, double seconds);
+  /// Predicted seconds for a reply of @p bytes (0 until large replies were seen).
+  double predict(std::size_t bytes) const;
+
+ private:
+  static constexpr std::size_t kWindow = 32;
+  static constexpr std::size_t kMinBytes = 64 * 1024;  // smaller replies: fixed costs dominate
+  mutable std::mutex mu_;
+  double per_byte_[kWindow] = {};
+  std::size_t count_ = 0;
+};
+
+/// Everything the command line sets.
+struct Options {
+  std::string src;
+  std::string mountpoint;
+  int nodes = 1;
+  ModelParams model;
+  std::uint32_t readahead_kib = 1024;    ///< client read-ahead per node view (0 = kernel's)
+  std::uint32_t max_request_kib = 1024;  ///< largest read request the kernel may send
+  std::size_t log_requests = 65536;      ///< request log capacity (0 = totals only)
+  int max_threads = 128;                 ///< FUSE worker threads (each sleeps to a deadline)
+  bool debug = false;
+};
+
+/// The file system state shared by all FUSE worker threads.
+///
+/// Lifetime: constructed before the session, destroyed after the loop has returned.
+/// Thread safety: every member function may be called from any worker thread.
+class Filesystem {
+ public:
+  /// Open the source directory. Throws std::runtime_error with a message on failure.
+  explicit Filesystem(Options opts);
+  ~Filesystem();
+  Filesystem(const Filesystem&) = delete;
+  Filesystem& operator=(const Filesystem&) = delete;
+
+  /// The low-level operation table; userdata must be this object.
+  static const fuse_lowlevel_ops& operations();
+
+  void set_session(fuse_session* se) { session_ = se; }
+  const Options& options() const { return opts_; }
+  /// Read-ahead actually configured (KiB), or -1 when it could not be set.
+  void set_effective_readahead(int kib) { effective_readahead_kib_ = kib; }
+
+  // Called by the operation callbacks (fs.cpp); public only for that reason.
+  struct Inode {
+    int node = -1;          // -1 for the root and control files
+    std::string rel;        // path relative to the source ("" = its root)
+    ino_t src_ino = 0;      // the source file's inode when looked up
+    std::uint64_t nlookup = 0;
+  };
+  /// Seconds since start on CLOCK_MONOTONIC (the model's clock).
+  double now() const;
+  /// Absolute CLOCK_MONOTONIC time of model time @p t.
+  timespec to_timespec(double t) const;
+  bool inode(fuse_ino_t ino, Inode& out);
+  fuse_ino_t intern(int node, const std::string& rel, ino_t src_ino);
+  void forget(fuse_ino_t ino, std::uint64_t n);
+  std::string stats_json();
+  /// Apply one control command; return 0 or an errno.
+  int control(const std::string& line);
+  int drop_caches(int node);
+
+  int src_fd() const { return src_fd_; }
+  Model model;
+  Accounting accounting;
+  CopyCost copy_cost;
+
+ private:
+  Options opts_;
+  int src_fd_ = -1;
+  fuse_session* session_ = nullptr;
+  timespec t0_{};
+  int effective_readahead_kib_ = -1;
+  std::mutex inodes_mu_;
+  std::unordered_map<fuse_ino_t, Inode> inodes_;
+  std::unordered_map<std::string, fuse_ino_t> by_key_;
+  fuse_ino_t next_ino_;
+};
+
+/// Inode numbers of the fixed entries.
+inline constexpr fuse_ino_t kRootIno = FUSE_ROOT_ID;
+inline constexpr fuse_ino_t kStatsIno = 2;
+inline constexpr fuse_ino_t kRequestsIno = 3;
+inline constexpr fuse_ino_t kControlIno = 4;
+inline constexpr fuse_ino_t kFirstNodeIno = 16;
+inline constexpr const char* kStatsName = ".feedline-stats";
+inline constexpr const char* kRequestsName = ".feedline-requests";
+inline constexpr const char* kControlName = ".feedline-control";
+
+}  // namespace feedline::emulator
