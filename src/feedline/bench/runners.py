@@ -21,10 +21,13 @@ tested before the Loader or any format exists:
   the rank's first record and then reads its sub-batches.
 - ``loader:<preset>`` — ``feedline.Loader(ds, batch_size, preset=..., decode=False)``.
 
-Peers deliver one of two assignments (``contiguous``: rank r owns one region of the
-samples, cut into steps; ``strided``: Caffe's identity order, step s is records
-``[s·B, (s+1)·B)`` split into P contiguous sub-batches) so that peers with the same
-assignment deliver identical streams and their digests can be compared.
+Peers deliver the order of any planner preset or assignment (``contiguous`` by
+default: rank r owns one region of the samples; ``strided``: Caffe's identity order;
+``global``, ``tf``, ...), computed with :func:`feedline.plan.make_plan`, so a peer and a
+Loader preset with the same assignment deliver identical streams and their digests can
+be compared. ``seq`` is meant for orders that read forward (``contiguous``,
+``strided``): on a shuffled order it keeps everything from the rank's first needed
+byte.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import numpy as np
 
 from ..errors import ConfigError, StorageError
 from ..index import Index
+from ..plan.world import WorldSpec
 from .digest import DeliveryRecorder
 
 # --------------------------------------------------------------------------- data
@@ -163,39 +167,33 @@ def split(m: int, parts: int, i: int) -> tuple[int, int]:
     return lo, lo + base + (1 if i < extra else 0)
 
 
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    """ceil(N / B) (the last step is partial)."""
-    return -(-n // batch_size)
-
-
 def assignment(
-    kind: str, n: int, batch_size: int, rank: int, size: int, steps: int | None = None
+    kind: str,
+    n: int,
+    batch_size: int,
+    rank: int,
+    size: int,
+    steps: int | None = None,
+    *,
+    seed: int = 0,
+    nodes: int = 1,
 ) -> list[np.ndarray]:
-    """Sample ids of each of this rank's steps (every rank gets the same step count).
+    """Sample ids of each of this rank's steps in epoch 0 (every rank gets the same count).
 
-    ``contiguous``: rank r owns samples ``split(n, P, r)``, cut into the epoch's steps;
-    ``strided``: step s is ``[s·B, min((s+1)·B, n))`` split into P sub-batches.
-    *steps* (None: one epoch) is capped at one epoch.
+    *kind* is any preset or assignment name of the planner (``contiguous``, ``strided``,
+    ``skip``, ``global``, ``lmdb``, ``tf``, ...), so a peer delivers exactly the order
+    the corresponding Loader preset delivers. *steps* (None: one epoch) is capped at one
+    epoch.
     """
+    from ..plan import make_plan
+
     if batch_size < 1:
         raise ConfigError(f"batch size must be >= 1, got {batch_size}")
-    total = steps_per_epoch(n, batch_size)
+    plan = make_plan(n, WorldSpec(size, nodes), kind, seed, 0, batch_size)
+    ids, offs = plan.rank_samples(rank)
+    total = len(offs) - 1
     steps = total if steps is None else min(steps, total)
-    if kind == "contiguous":
-        a, b = split(n, size, rank)
-        out = []
-        for s in range(steps):
-            lo, hi = split(b - a, total, s)
-            out.append(np.arange(a + lo, a + hi, dtype=np.int64))
-        return out
-    if kind == "strided":
-        out = []
-        for s in range(steps):
-            start = s * batch_size
-            lo, hi = split(min(batch_size, n - start), size, rank)
-            out.append(np.arange(start + lo, start + hi, dtype=np.int64))
-        return out
-    raise ConfigError(f"unknown assignment {kind!r}; use 'contiguous' or 'strided'")
+    return [np.asarray(ids[offs[s] : offs[s + 1]], dtype=np.int64) for s in range(steps)]
 
 
 # -------------------------------------------------------------------- protocol
@@ -220,7 +218,16 @@ class RunContext:
     def my_steps(self, n: int | None = None) -> list[np.ndarray]:
         """This rank's sample ids per step under the peers' assignment."""
         n = len(self.source.index) if n is None else n
-        return assignment(self.assignment, n, self.batch_size, self.rank, self.size, self.steps)
+        return assignment(
+            self.assignment,
+            n,
+            self.batch_size,
+            self.rank,
+            self.size,
+            self.steps,
+            seed=self.seed,
+            nodes=self.nodes,
+        )
 
     def compute(self) -> None:
         """Emulated compute of one step."""
@@ -604,7 +611,8 @@ class TorchRunner(_PeerBase):
 @register_runner("lmdb")
 class LmdbCursorRunner:
     """Caffe's LMDB reader: a liblmdb cursor over mmap (py-lmdb) that seeks by walking
-    from the first key to the rank's first record, then reads its sub-batches.
+    from the first key to the rank's first record, then reads its sub-batches (and walks
+    again over whatever the order skips; from the first key when it goes backwards).
 
     Sample id = position in key order; the raw record is the value. ``seek_s`` is the
     time of the walk.
@@ -635,20 +643,23 @@ class LmdbCursorRunner:
             cur.first()
             pos = 0
             for step, ids in enumerate(self._steps):
-                if len(ids):
-                    t0 = time.perf_counter()
-                    while pos < ids[0]:  # sequential seek, as Caffe's cursor does
-                        cur.next()
-                        pos += 1
-                    out.seek_s += time.perf_counter() - t0
-                t0 = time.perf_counter()
                 vals = []
-                for _ in range(len(ids)):
+                for i in ids.tolist():
+                    if i != pos:  # seek as Caffe's cursor does: walk, never jump
+                        t0 = time.perf_counter()
+                        if i < pos:
+                            cur.first()
+                            pos = 0
+                        while pos < i:
+                            cur.next()
+                            pos += 1
+                        out.seek_s += time.perf_counter() - t0
+                    t0 = time.perf_counter()
                     vals.append(cur.value())
                     cur.next()
                     pos += 1
+                    out.io_s += time.perf_counter() - t0
                 raw = b"".join(vals)
-                out.io_s += time.perf_counter() - t0
                 out.storage_bytes += len(raw)
                 lens = np.fromiter(map(len, vals), dtype=np.int64, count=len(vals))
                 rec.add(step, ids, lens, raw)
