@@ -1,0 +1,395 @@
+"""World: ranks, nodes and the few MPI operations feedline needs — the only MPI code.
+
+mpi4py is imported lazily, only when a communicator is given or the process was started
+by ``mpiexec``/``srun``; otherwise a single-process World stands in. Nodes come from
+``Split_type(COMM_TYPE_SHARED)`` or are emulated (``FEEDLINE_NODES=M`` or ``nodes=M``:
+node = rank·M // P). Every wait polls a nonblocking request with short sleeps
+(``FEEDLINE_POLL_SLEEP_US``) instead of blocking in MPICH, which busy-polls and would
+steal the CPU from I/O threads when ranks outnumber cores; the price is up to one sleep
+interval of extra latency per wait.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import defaults
+from ..errors import ConfigError, FeedlineError
+from ..plan.world import WorldSpec
+
+_LAUNCHER_ENV = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+_TOKEN_TAG = 0x7EED
+
+
+def launched_by_mpi() -> bool:
+    """True when an MPI launcher started this process (mpiexec, srun with PMI)."""
+    if any(v in os.environ for v in _LAUNCHER_ENV):
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_PROCID" in os.environ
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+class _Failure:
+    """An exception carried between ranks (the original when it pickles)."""
+
+    def __init__(self, exc: BaseException, rank: int) -> None:
+        self.rank = rank
+        try:
+            pickle.dumps(exc)
+            self.exc: BaseException | None = exc
+        except Exception:
+            self.exc = None
+        self.text = f"{type(exc).__name__}: {exc}"
+
+    def raise_(self) -> None:
+        if self.exc is not None:
+            raise self.exc
+        raise FeedlineError(f"rank {self.rank} failed: {self.text}")
+
+
+class NodeArray:
+    """A numpy array in a node shared-memory window (or private memory without MPI).
+
+    Attributes
+    ----------
+    array : numpy.ndarray
+        The same memory on every rank of the node. Synchronise writers and readers with
+        :meth:`World.node_barrier`.
+    """
+
+    def __init__(self, array: np.ndarray, win: Any = None) -> None:
+        self.array = array
+        self._win = win
+
+    def free(self) -> None:
+        """Release the window (collective over the node)."""
+        if self._win is not None:
+            self.array = np.zeros(0, dtype=self.array.dtype)
+            self._win.Free()
+            self._win = None
+
+    def __enter__(self) -> NodeArray:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+
+class Token:
+    """The staggering token of one reader (LMDBIO §4.6), from a plan's ``StaggerInfo``.
+
+    ``with token: read()`` waits for the token (except for the first group in the first
+    round), then passes it on with a nonblocking send. :meth:`close` completes the
+    pending sends and drains the token that wraps around after the last round.
+    """
+
+    def __init__(self, world: World, info) -> None:
+        self.world, self.info = world, info
+        self.rounds = 0
+        self._sends: list[Any] = []
+        self._buf = np.zeros(1, dtype=np.int64)
+
+    def acquire(self) -> None:
+        i = self.info
+        if not i.enabled or (i.starts and self.rounds == 0):
+            return
+        req = self.world._tcomm.Irecv(self._buf, source=i.recv_from, tag=_TOKEN_TAG + i.label)
+        self.world.wait(req)
+
+    def release(self) -> None:
+        i = self.info
+        self.rounds += 1
+        if not i.enabled:
+            return
+        msg = np.array([self.rounds], dtype=np.int64)
+        self._sends.append(
+            (self.world._tcomm.Isend(msg, dest=i.send_to, tag=_TOKEN_TAG + i.label), msg)
+        )
+
+    def __enter__(self) -> Token:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def close(self) -> None:
+        """Finish the ring: the first group receives the token sent after the last round."""
+        i = self.info
+        if i.enabled and i.starts and self.rounds > 0:
+            req = self.world._tcomm.Irecv(self._buf, source=i.recv_from, tag=_TOKEN_TAG + i.label)
+            self.world.wait(req)
+        for req, _ in self._sends:
+            self.world.wait(req)
+        self._sends.clear()
+
+
+class World:
+    """The job: ranks, nodes, node/leader communicators and polite waiting.
+
+    Build it with :meth:`from_comm`. Attributes: ``comm`` (None when single-process),
+    ``rank``, ``size``, ``node``, ``nodes``, ``node_rank``, ``node_size``, ``node_comm``,
+    ``leader_comm`` (None on non-leaders), ``emulated`` and ``spec`` (a
+    :class:`~feedline.plan.world.WorldSpec`).
+    """
+
+    def __init__(
+        self,
+        comm: Any,
+        *,
+        nodes: int,
+        node_comm: Any,
+        leader_comm: Any,
+        emulated: bool,
+    ) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm is not None else 0
+        self.size = comm.Get_size() if comm is not None else 1
+        self.spec = WorldSpec(self.size, nodes)
+        self.nodes = nodes
+        self.node = self.spec.node_of(self.rank)
+        self.node_comm = node_comm
+        self.node_rank = node_comm.Get_rank() if node_comm is not None else 0
+        self.node_size = node_comm.Get_size() if node_comm is not None else 1
+        self.leader_comm = leader_comm
+        self.emulated = emulated
+        self._tcomm = comm.Dup() if comm is not None else None
+
+    # -------------------------------------------------------------- building
+    @classmethod
+    def from_comm(cls, comm: Any = None, nodes: int | None = None) -> World:
+        """The World of *comm* (default: COMM_WORLD under an MPI launcher, else one process).
+
+        Parameters
+        ----------
+        comm : mpi4py communicator, optional
+        nodes : int, optional
+            Emulate this many nodes of contiguous ranks (node = rank·M // P); default
+            ``FEEDLINE_NODES``, and 0 means real nodes from ``COMM_TYPE_SHARED``.
+        """
+        if comm is None:
+            if launched_by_mpi():
+                try:
+                    comm = _mpi().COMM_WORLD
+                except ImportError:
+                    raise ConfigError(
+                        "started by an MPI launcher but mpi4py is missing: pip install mpi4py mpich"
+                    ) from None
+            elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+                raise ConfigError(
+                    "launched by torchrun (WORLD_SIZE > 1) without MPI: feedline needs MPI to "
+                    "split the data; launch with mpiexec/srun (pip install mpi4py mpich)"
+                )
+        if comm is None:
+            return cls(None, nodes=1, node_comm=None, leader_comm=None, emulated=False)
+        MPI = _mpi()
+        P, rank = comm.Get_size(), comm.Get_rank()
+        M = int(nodes if nodes is not None else defaults.get("nodes"))
+        shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        if M > 0:
+            if M > P:
+                raise ConfigError(f"cannot emulate {M} nodes with {P} ranks (nodes <= ranks)")
+            node = rank * M // P
+            # an emulated node's window must also be physically shared: split the real node
+            node_comm = shared.Split(color=node, key=rank)
+            shared.Free()
+            emulated = True
+        else:
+            node_comm = shared
+            # startup only: short blocking collectives are fine here
+            first = comm.allgather(shared.allreduce(rank, op=MPI.MIN))
+            M = len(set(first))
+            spec = WorldSpec(P, M)
+            # the planner assumes nodes are contiguous, equal-as-possible runs of ranks
+            blocks = [{first[r] for r in spec.ranks_of(node)} for node in range(M)]
+            if any(len(b) != 1 for b in blocks):
+                raise ConfigError(
+                    "ranks are not placed in contiguous, equal blocks per node; launch with "
+                    "block placement (e.g. mpiexec -ppn / srun --distribution=block) or set "
+                    "FEEDLINE_NODES to emulate nodes"
+                )
+            emulated = False
+        MPI_UNDEFINED = MPI.UNDEFINED
+        leader_comm = comm.Split(color=0 if node_comm.Get_rank() == 0 else MPI_UNDEFINED, key=rank)
+        if leader_comm == MPI.COMM_NULL:
+            leader_comm = None
+        return cls(comm, nodes=M, node_comm=node_comm, leader_comm=leader_comm, emulated=emulated)
+
+    def close(self) -> None:
+        """Free the communicators this World created."""
+        for name in ("node_comm", "leader_comm", "_tcomm"):
+            c = getattr(self, name)
+            if c is not None:
+                c.Free()
+                setattr(self, name, None)
+
+    # --------------------------------------------------------------- waiting
+    def wait(self, request: Any) -> Any:
+        """Complete a nonblocking MPI request by polling it with short sleeps."""
+        pause = defaults.get("poll_sleep_us") * 1e-6
+        while True:
+            done, status = request.test()
+            if done:
+                return status
+            time.sleep(pause)
+
+    def _wait_all(self, requests: Sequence[Any]) -> None:
+        for r in requests:
+            self.wait(r)
+
+    def barrier(self, comm: Any = None) -> None:
+        """A barrier that sleeps between polls (``Ibarrier``)."""
+        comm = comm if comm is not None else self.comm
+        if comm is None or comm.Get_size() == 1:
+            return
+        self.wait(comm.Ibarrier())
+
+    def node_barrier(self) -> None:
+        """:meth:`barrier` over the node."""
+        self.barrier(self.node_comm)
+
+    def bcast(self, obj: Any = None, root: int = 0, comm: Any = None) -> Any:
+        """Broadcast a picklable object from *root* (``Ibcast`` polled)."""
+        comm = comm if comm is not None else self.comm
+        if comm is None or comm.Get_size() == 1:
+            return obj
+        me = comm.Get_rank()
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if me == root else b""
+        n = np.array([len(data)], dtype=np.int64)
+        self.wait(comm.Ibcast(n, root=root))
+        buf = (
+            np.frombuffer(data, dtype=np.uint8).copy()
+            if me == root
+            else np.empty(int(n[0]), np.uint8)
+        )
+        if n[0]:
+            self.wait(comm.Ibcast(buf, root=root))
+        return obj if me == root else pickle.loads(buf.tobytes())
+
+    def allgather(self, obj: Any, comm: Any = None) -> list[Any]:
+        """Gather a picklable object from every rank to every rank (polled)."""
+        comm = comm if comm is not None else self.comm
+        if comm is None or comm.Get_size() == 1:
+            return [obj]
+        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        counts = np.zeros(comm.Get_size(), dtype=np.int64)
+        self.wait(comm.Iallgather(np.array([data.size], dtype=np.int64), counts))
+        displs = np.zeros_like(counts)
+        np.cumsum(counts[:-1], out=displs[1:])
+        out = np.empty(int(counts.sum()), dtype=np.uint8)
+        self.wait(comm.Iallgatherv(data, [out, (counts, displs), _mpi().BYTE]))
+        return [pickle.loads(out[d : d + c].tobytes()) for d, c in zip(displs, counts, strict=True)]
+
+    def bcast_seed(self, seed: int | None = None) -> int:
+        """Rank 0's seed on every rank (a fresh random one when *seed* is None)."""
+        if self.rank == 0 and seed is None:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        return int(self.bcast(seed))
+
+    def check(self, failure: BaseException | None) -> None:
+        """Collective: raise on every rank if any rank failed (the first failure)."""
+        fails = self.allgather(_Failure(failure, self.rank) if failure is not None else None)
+        for f in fails:
+            if f is not None:
+                f.raise_()
+
+    # ------------------------------------------------------------- structure
+    @property
+    def is_leader(self) -> bool:
+        """True on the first rank of each node."""
+        return self.node_rank == 0
+
+    def readers(self, k: int) -> list[int]:
+        """Reader ranks of this node when *k* readers per node are elected (0: all)."""
+        return WorldSpec(self.size, self.nodes, k).readers_of(self.node)
+
+    def is_reader(self, k: int) -> bool:
+        """True when this rank is one of its node's *k* readers."""
+        return self.rank in self.readers(k)
+
+    def expand_path(self, path):
+        """Replace ``{node}`` in a path (or each path of a list) by this rank's node index."""
+        if isinstance(path, (list, tuple)):
+            return type(path)(self.expand_path(p) for p in path)
+        return os.fspath(path).replace("{node}", str(self.node))
+
+    # ---------------------------------------------------------- shared memory
+    def node_array(self, shape, dtype=np.uint8, *, owner: int = 0) -> NodeArray:
+        """Allocate a node shared-memory array (``Win.Allocate_shared``), collective on the node.
+
+        Node rank *owner* allocates the memory; every rank gets a numpy view of it.
+        Without MPI this is a private array.
+        """
+        dtype = np.dtype(dtype)
+        shape = tuple(np.atleast_1d(shape).tolist())
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self.node_comm is None:
+            return NodeArray(np.zeros(shape, dtype=dtype))
+        MPI = _mpi()
+        mine = nbytes if self.node_rank == owner else 0
+        win = MPI.Win.Allocate_shared(max(mine, 0), dtype.itemsize, comm=self.node_comm)
+        buf, _ = win.Shared_query(owner)
+        arr = np.frombuffer(buf, dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
+        return NodeArray(arr, win)
+
+    # ----------------------------------------------------------------- tokens
+    def token(self, info) -> Token:
+        """A staggering token for this reader from ``plan.stagger(rank)``."""
+        return Token(self, info)
+
+    # ------------------------------------------------------------------ index
+    def share_index(self, build_fn: Callable[[], Any]) -> Any:
+        """Build or load a dataset index once per node and share it.
+
+        Rank 0 runs *build_fn* first (building and writing the sidecar, or loading it);
+        then the other node leaders run it (normally just loading the sidecar); then the
+        other ranks of each node load the same sidecar, mapped, or — when the leader
+        could not write one — receive the index over the node communicator. Any error
+        is raised on every rank (no hang).
+        """
+        if self.comm is None or self.size == 1:
+            return build_fn()
+        index, failure = None, None
+        if self.rank == 0:
+            index, failure = _try(build_fn)
+        self.check(failure)
+        failure = None
+        if self.is_leader and self.rank != 0:
+            index, failure = _try(build_fn)
+        self.check(failure)
+        owner = getattr(build_fn, "__self__", None)
+        sidecar = getattr(owner, "sidecar_path", None) if self.is_leader else None
+        sidecar = self.bcast(
+            sidecar if sidecar and os.path.exists(sidecar) else None, comm=self.node_comm
+        )
+        failure = None
+        if sidecar is not None:
+            if not self.is_leader:
+                index, failure = _try(build_fn)
+        else:
+            try:
+                index = self.bcast(index, comm=self.node_comm)
+            except Exception as e:  # pragma: no cover - pickling an index should not fail
+                failure = e
+            if owner is not None and not self.is_leader and index is not None:
+                owner.sidecar_path = None
+        self.check(failure)
+        return index
+
+
+def _try(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    try:
+        return fn(), None
+    except Exception as e:
+        return None, e
