@@ -374,6 +374,27 @@ def test_document_schema_and_figures(records):
     assert table.count("\n| ") == 3 and base["digest"][:12] in table
 
 
+def test_loader_presets_deliver_what_peers_with_their_order_deliver(records):
+    pytest.importorskip("feedline.loader")
+    pairs = [("contiguous", "seq"), ("lmdb", "seq"), ("tf", "pread"), ("feedline", "pread")]
+    runs = []
+    for preset, peer in pairs:
+        runs.append({"name": f"loader:{preset}", "runner": f"loader:{preset}"})
+        runs.append({"name": f"{peer}:{preset}", "runner": peer, "assignment": preset})
+    cfg = _config(records, [], limit={"enabled": False})
+    cfg["runs"] = runs
+    doc = execute(cfg)
+    by = {r["name"]: r for r in doc["runs"]}
+    for preset, peer in pairs:
+        lo, pe = by[f"loader:{preset}"], by[f"{peer}:{preset}"]
+        assert lo["error"] is None, lo["error"]
+        assert lo["digest"] == pe["digest"] == _expected_digest(records, REC, 64, 1, preset)
+        assert lo["payload_bytes"] == 1000 * REC
+        assert lo["stats"]["storage_bytes"][0] >= 1000 * REC  # from loader.stats()
+        assert lo["stats"]["extra"][0]["preset"] == preset
+    assert by["loader:tf"]["digest"] != by["loader:contiguous"]["digest"]
+
+
 def test_failing_run_is_reported_not_fatal(records):
     doc = execute(_config(records, [("ok", "pread", {}), ("bad", "seq", {"block": 0})]))
     ok, bad = doc["runs"]

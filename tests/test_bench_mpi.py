@@ -61,6 +61,14 @@ def _bench(cmd_prefix: list[str], tmp_path, *argv: str, env=None) -> subprocess.
     )
 
 
+def _have_loader() -> bool:
+    try:
+        import feedline.loader  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _doc(tmp_path):
     with open(tmp_path / "r.json") as f:
         return json.load(f)
@@ -69,13 +77,23 @@ def _doc(tmp_path):
 def test_harness_launches_ranks_on_emulated_nodes(tmp_path):
     # node 1 sees different bytes than node 0, so the digest proves {node} expansion
     node1 = generate(str(tmp_path / "n1" / "r.bin"), 4 << 20, REC, seed=9)
+    extra = ["--presets", "contiguous"] if _have_loader() else []
     p = _bench(
-        [], tmp_path, "--ranks", "2", "--nodes", "2", "--path", str(tmp_path / "n{node}" / "r.bin")
+        [],
+        tmp_path,
+        "--ranks",
+        "2",
+        "--nodes",
+        "2",
+        "--path",
+        str(tmp_path / "n{node}" / "r.bin"),
+        *extra,
     )
     assert p.returncode == 0, p.stderr
     doc = _doc(tmp_path)
     node0 = str(tmp_path / "n0" / "r.bin")
     assert os.path.exists(node0)
+    assert len(doc["runs"]) == 5 + len(extra) // 2
     for r in doc["runs"]:
         assert (r["ranks"], r["nodes"]) == (2, 2)
         assert r["stats"]["node"] == [0, 1]

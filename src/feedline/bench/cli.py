@@ -16,7 +16,7 @@ SCENARIOS = {
     "shuffle": ("feedline.bench.shuffle", "shuffle quality: RL and accuracy of a small CNN"),
     "deepio": ("feedline.bench.deepio", "DeepIO in-memory store vs file-system reads"),
     "overhead": ("feedline.bench.overhead", "Loader CPU overhead per sample vs PyTorch DataLoader"),
-    "readers": ("feedline.bench.readers", "pread vs mmap vs per-sample reads by block size (LMDBIO Fig. 8)"),
+    "readers": ("feedline.bench.readers", "pread vs mmap vs per-sample reads (LMDBIO Fig. 8)"),
 }
 
 

@@ -129,6 +129,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None =
     g.add_argument("--no-limit", action="store_true", help="do not measure the physical limit")
     g.add_argument("--no-digest", action="store_true", help="do not keep and hash deliveries")
     g.add_argument("--no-plots", action="store_true", help="no PNG plots")
+    g.add_argument(
+        "--no-warmup", action="store_true", help="no untimed warm-up step before the runs"
+    )
 
 
 def mpiexec_command() -> str:
@@ -242,6 +245,7 @@ def run_scenario(
         "nodes": world.nodes,
         "limit": {"enabled": not args.no_limit, "block": int(args.limit_block), "direct": True},
         "digest": not args.no_digest,
+        "warmup": not args.no_warmup,
     }
     if args.baseline and args.baseline not in {r.name for r in runs}:
         raise ConfigError(f"--baseline {args.baseline!r} is not a run: {[r.name for r in runs]}")

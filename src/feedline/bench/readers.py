@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help=f"block sizes (default {DEFAULT_BLOCKS}; {QUICK_BLOCKS} with --quick)",
     )
+    parser.add_argument(
+        "--presets",
+        default="",
+        metavar="LIST",
+        help="feedline Loader presets to add as rows, e.g. 'contiguous,feedline' "
+        "(they must deliver the same digest as the peers when their order is contiguous)",
+    )
     add_common_arguments(parser)
 
 
@@ -99,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         for b in (args.blocks or (QUICK_BLOCKS if args.quick else DEFAULT_BLOCKS)).split(",")
     ]
     runs = runs_for(blocks)
+    runs += [RunSpec(f"loader:{p}", f"loader:{p}") for p in args.presets.split(",") if p]
     if args.baseline is None:
         args.baseline = runs[0].name
     nodes = args.nodes or int(os.environ.get("FEEDLINE_NODES") or 1)

@@ -411,7 +411,7 @@ class SeqRunner(_PeerBase):
         # per file: the earliest offset still needed from each delivery position onwards
         fids_all, offs_all, _ = _extents(index, all_ids)
         need_from: dict[int, np.ndarray] = {}
-        for fid in np.unique(fids_all).tolist():
+        for fid in set(fids_all.tolist()):
             o = np.where(fids_all == fid, offs_all, np.iinfo(np.int64).max)
             need_from[fid] = np.minimum.accumulate(o[::-1])[::-1]
         streams: dict[int, _Stream] = {}
@@ -419,7 +419,7 @@ class SeqRunner(_PeerBase):
         for step, ids in enumerate(self._steps):
             fids, offs, lens = _extents(index, ids)
             ends = offs + lens
-            for fid in np.unique(fids).tolist():
+            for fid in sorted(set(fids.tolist())):
                 st = streams.get(fid)
                 if st is None:
                     start = int(need_from[fid][done])

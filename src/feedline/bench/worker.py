@@ -1,6 +1,7 @@
 """What every MPI rank of a benchmark job runs: ``python -m feedline.bench.worker CONFIG``.
 
-For each repeat the job measures the physical limit, then every run: caches dropped by
+Every run first does one untimed warm-up step. Then, for each repeat, the job measures
+the physical limit, then every run: caches dropped by
 one rank per node, a barrier, the runner timed on each rank, a barrier, then — outside
 the timed region — the digest streamed to rank 0 and the per-rank figures gathered.
 Rank 0 turns them into the result document (:func:`feedline.bench.report.build_document`)
@@ -11,6 +12,7 @@ reading when ranks outnumber cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -157,9 +159,9 @@ class _Job:
         wait_all(self.comm)
         return self.gather(mine)
 
-    def measure_run(self, run: dict[str, Any]) -> dict[str, Any] | None:
+    def _context(self, run: dict[str, Any], steps: int | None) -> RunContext:
         cfg = self.cfg
-        ctx = RunContext(
+        return RunContext(
             rank=self.rank,
             size=self.size,
             nodes=self.world.nodes,
@@ -167,11 +169,33 @@ class _Job:
             comm=self.comm,
             source=self.source,
             batch_size=int(cfg["batch_size"]),
-            steps=cfg.get("steps"),
+            steps=steps,
             compute_s=float(cfg.get("compute_ms") or 0) / 1e3,
             seed=int(cfg.get("seed") or 0),
             assignment=run.get("assignment") or cfg.get("assignment") or "contiguous",
         )
+
+    def warm_up(self, run: dict[str, Any]) -> None:
+        """One untimed step of *run*, so that the first measured run does not pay for
+        lazy imports and first-touch allocations the others get for free. Errors are
+        left for the measured run to report."""
+        ctx = self._context(run, 1)
+        runner = None
+        try:
+            runner = make_runner(run["runner"], run.get("options"))
+            runner.prepare(ctx)
+            runner.run(ctx, DeliveryRecorder(self.rank, enabled=False))
+        except Exception:
+            pass
+        finally:
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    runner.close()
+        wait_all(self.comm)
+
+    def measure_run(self, run: dict[str, Any]) -> dict[str, Any] | None:
+        cfg = self.cfg
+        ctx = self._context(run, cfg.get("steps"))
         rec = DeliveryRecorder(self.rank, enabled=bool(cfg.get("digest", True)))
         runner = None
         mine: dict[str, Any] = {"rank": self.rank, "node": self.node, "error": None}
@@ -242,6 +266,9 @@ class _Job:
         want_limit = (cfg.get("limit") or {}).get("enabled", True)
         limits: list[Any] = []
         samples: dict[str, list[Any]] = {r["name"]: [] for r in cfg["runs"]}
+        if cfg.get("warmup", True):
+            for run in cfg["runs"]:
+                self.warm_up(run)
         for _ in range(repeats):
             if want_limit:
                 limits.append(self.measure_limit())
@@ -270,7 +297,8 @@ def execute(config: dict[str, Any], comm: Any = None) -> dict[str, Any] | None:
         ``scenario``, ``dataset`` (:class:`DatasetSpec` as JSON), ``runs`` (list of
         ``{"name", "runner", "options", "params"}``), ``batch_size``, ``steps``,
         ``compute_ms``, ``repeats``, ``seed``, ``assignment``, ``baseline``, ``nodes``,
-        ``limit`` (``{"enabled", "block", "direct"}``), ``digest`` (bool).
+        ``limit`` (``{"enabled", "block", "direct"}``), ``digest`` (bool), ``warmup``
+        (bool, default True).
     comm : mpi4py communicator, optional
         None for a single process.
     """
