@@ -287,7 +287,6 @@ def test_open_dataset_and_read(tmp_path):
             assert ds.format == "lmdb" and len(ds) == len(expected)
             for i in (0, 17, len(ds) - 1):
                 assert ds.read(i) == expected[i][1]
-            assert isinstance(ds.decoder, Decoder)
             info = ds.describe()
             for k in (
                 "page_size",
@@ -302,6 +301,21 @@ def test_open_dataset_and_read(tmp_path):
             ):
                 assert k in info
             assert info["page_size"] == os.sysconf("SC_PAGE_SIZE")
+
+
+def test_decoder_reads_caffe_datums(tmp_path):
+    from feedline.formats.datum_write import encode_datum
+
+    rng = np.random.default_rng(12)
+    pix = rng.integers(0, 256, size=(40, 3, 4, 5), dtype=np.uint8)
+    items = [
+        (b"%08d" % i, encode_datum(3, 4, 5, pix[i].tobytes(), label=i % 10)) for i in range(40)
+    ]
+    with feedline.open_dataset(write_lmdb(tmp_path / "db", items), sidecar=False) as ds:
+        assert isinstance(ds.decoder, Decoder)
+        raw, lengths = ds.read_many([3, 7])
+        data, labels = ds.decode(raw, lengths, [3, 7])
+        assert np.array_equal(data, pix[[3, 7]]) and list(labels) == [3, 7]
 
 
 def test_sidecar_roundtrip_keeps_keys_and_meta(tmp_path):

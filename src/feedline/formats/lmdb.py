@@ -229,7 +229,7 @@ class Page:
     ``kind`` is ``"branch"``, ``"leaf"``, ``"overflow"`` or ``"meta"``. Branch pages
     give ``children``; leaf pages give ``value_offsets``/``value_lengths`` (absolute in
     the file) and ``node_flags`` (1 = value in overflow pages). ``keys[0]`` of a branch
-    page is ignored by LMDB (usually empty).
+    page is ignored by LMDB (usually empty). ``raw`` is the whole page.
     """
 
     pgno: int
@@ -244,6 +244,7 @@ class Page:
     value_offsets: np.ndarray
     value_lengths: np.ndarray
     node_flags: np.ndarray
+    raw: bytes
 
 
 class LmdbFile:
@@ -322,6 +323,7 @@ class LmdbFile:
             value_offsets=np.array([n.value_offset for n in nodes], dtype=np.int64) if p.kind == 2 else np.zeros(0, np.int64),
             value_lengths=np.array([n.value_length for n in nodes], dtype=np.int64) if p.kind == 2 else np.zeros(0, np.int64),
             node_flags=np.array([n.flags for n in nodes], dtype=np.uint16),
+            raw=raw,
         )  # fmt: skip
 
     def seek(self, i: int) -> Seek:
