@@ -86,7 +86,6 @@ def test_resume_at_another_world_size_delivers_the_rest_once(records, preset, P,
 def test_chained_resumes_across_sizes(records, preset):
     """P=3 -> (step 2) Q=2 -> (step 5) R=4: a state from the middle of a re-cut epoch."""
     ds, data = records
-    _, full_ids, _, _ = job(ds, data, 3, preset)
     _, ids_a, _, s1 = job(ds, data, 3, preset, stop=2)
     _, ids_b, _, s2 = job(ds, data, 2, preset, state=s1[0], stop=5)
     assert s2[0]["chain"] == [[3, 1, 0], [2, 1, 2]]

@@ -1,0 +1,148 @@
+"""feedline.torch: tensors, DataLoader rules, pin_memory, torchrun worlds, state."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
+from loader_common import make_records
+
+from feedline import ConfigError
+from feedline.pipeline.world import LoaderWorld
+from feedline.torch import FeedlineDataset, torch_world
+
+
+@pytest.fixture
+def records(tmp_path):
+    return make_records(str(tmp_path / "ds"), n=120, size=16, files=2)
+
+
+def _clear_launch_env(monkeypatch):
+    for var in (
+        "PMI_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMIX_SIZE",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+    ):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_yields_tensors_exactly_once(records, monkeypatch):
+    _clear_launch_env(monkeypatch)
+    ds, data = records
+    with FeedlineDataset(ds, 25, preset="async-db", buffer=10, with_ids=True) as fd:
+        assert len(fd) == 5
+        seen = []
+        for x, y, ids in torch.utils.data.DataLoader(fd, batch_size=None, num_workers=0):
+            assert isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.shape[1:] == (16,)
+            assert y is None
+            np.testing.assert_array_equal(x.numpy(), data[ids.numpy()])
+            seen.append(ids)
+        assert sorted(torch.cat(seen).tolist()) == list(range(120))
+        assert fd.state_dict()["step"] == 5
+
+
+def test_worker_processes_are_refused(records, monkeypatch):
+    _clear_launch_env(monkeypatch)
+    ds, _ = records
+    with FeedlineDataset(ds, 20, preset="tf") as fd:
+        dl = torch.utils.data.DataLoader(fd, batch_size=None, num_workers=1)
+        with pytest.raises(ConfigError, match="num_workers=0"):
+            next(iter(dl))
+
+
+def test_pin_memory_without_gpu_warns_and_does_nothing(records, monkeypatch):
+    _clear_launch_env(monkeypatch)
+    if torch.cuda.is_available():  # pragma: no cover - GPU machines pin for real
+        pytest.skip("a GPU is present")
+    ds, _ = records
+    with pytest.warns(RuntimeWarning, match="no GPU"):
+        fd = FeedlineDataset(ds, 40, preset="feedline", pin_memory=True)
+    with fd:
+        x, _ = next(iter(fd))
+        assert not x.is_pinned()
+
+
+def test_torchrun_environment_builds_the_world(records, monkeypatch):
+    _clear_launch_env(monkeypatch)
+    ds, _ = records
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    w = torch_world()
+    assert (w.rank, w.size, w.nodes, w.launcher) == (3, 4, 2, "torch")
+    got = []
+    with FeedlineDataset(ds, 40, preset="tf", seed=2, with_ids=True) as fd:
+        assert fd.loader.world.rank == 3
+        got = torch.cat([ids for _, _, ids in fd]).tolist()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    from feedline import Loader
+
+    with Loader(ds, 40, preset="tf", seed=2, comm=LoaderWorld(3, 4)) as ref:
+        assert got == np.concatenate([b.ids for b in ref]).tolist()  # rank 3's share only
+    assert len(got) == 30
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE"):
+        torch_world()
+
+
+def test_real_torchrun_with_gloo_ddp(records, tmp_path):
+    """Two processes started by torch.distributed.run: each reads its share, once."""
+    ds, _ = records
+    script = tmp_path / "job.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, torch, torch.distributed as dist
+            sys.path.insert(0, {os.path.join(os.path.dirname(__file__), "mpi")!r})
+            from loader_common import open_records
+            from feedline.torch import FeedlineDataset
+            dist.init_process_group("gloo")
+            ds = open_records({ds.files!r}, 16)
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
+            with FeedlineDataset(ds, 30, preset="feedline", with_ids=True) as fd:
+                mine = []
+                for x, _, ids in fd:
+                    model(x.float()).sum().backward()
+                    mine += ids.tolist()
+            every = [None] * dist.get_world_size()
+            dist.all_gather_object(every, mine)
+            if dist.get_rank() == 0:
+                flat = sorted(i for part in every for i in part)
+                assert flat == list(range(120)), flat
+                assert all(len(p) == 60 for p in every)
+                print("TORCHRUN-OK")
+            dist.destroy_process_group()
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI", "PMIX"))}
+    env["OMP_NUM_THREADS"] = "1"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "TORCHRUN-OK" in out.stdout
