@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import mmap
 import os
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -73,26 +75,68 @@ def fuse_mount_of(path: str) -> str | None:
     return best
 
 
-def emulator_for(path: str) -> Any:
-    """The storage emulator serving *path* (an object with ``drop_caches()`` and
-    ``stats()``), or None when *path* is not on an emulator mount or the emulator is
-    not available."""
+class EmulatorMount:
+    """The storage emulator (``feedline-fuse``) seen through its control files.
+
+    The mount root holds ``.feedline-control`` (write ``drop`` to drop every node's
+    page cache) and ``.feedline-stats`` (JSON: ``per_node`` and ``total`` counters).
+    """
+
+    CONTROL = ".feedline-control"
+    STATS = ".feedline-stats"
+
+    def __init__(self, mountpoint: str) -> None:
+        self.mountpoint = mountpoint
+
+    @classmethod
+    def at(cls, mountpoint: str) -> EmulatorMount | None:
+        """The emulator mounted at *mountpoint*, or None if it is another FUSE file system."""
+        ok = os.path.exists(os.path.join(mountpoint, cls.CONTROL))
+        return cls(mountpoint) if ok else None
+
+    def drop_caches(self) -> None:
+        with open(os.path.join(self.mountpoint, self.CONTROL), "w") as f:
+            f.write("drop\n")
+
+    def stats(self) -> dict[str, Any]:
+        with open(os.path.join(self.mountpoint, self.STATS)) as f:
+            return json.load(f)
+
+
+def emulator_node(path: str) -> int | None:
+    """The emulated node whose view *path* is in (``MNT/node<K>/...``), or None."""
     mnt = fuse_mount_of(path)
     if mnt is None:
+        return None
+    first = os.path.relpath(os.path.realpath(path), mnt).split(os.sep)[0]
+    m = re.fullmatch(r"node(\d+)", first)
+    return int(m.group(1)) if m else None
+
+
+def emulator_for(path: str) -> Any:
+    """The storage emulator serving *path* (an object with ``drop_caches()`` and
+    ``stats()``), or None when *path* is not on an emulator mount.
+
+    ``feedline.emulate.Emulator.attach(mountpoint)`` is used when the emulator's Python
+    API provides it; otherwise the mount's control files are driven directly.
+    """
+    mnt = fuse_mount_of(path)
+    if mnt is None:
+        return None
+    direct = EmulatorMount.at(mnt)
+    if direct is None:
         return None
     try:
         from ..emulate import Emulator  # type: ignore[attr-defined]
     except ImportError:
-        return None
-    for name in ("attach", "from_mount", "for_path"):
-        factory = getattr(Emulator, name, None)
-        if factory is None:
-            continue
-        try:
-            return factory(path)
-        except Exception:
-            return None
-    return None
+        return direct
+    attach = getattr(Emulator, "attach", None)
+    if attach is None:
+        return direct
+    try:
+        return attach(mnt)
+    except Exception:
+        return direct
 
 
 def drop_caches(paths: Sequence[str]) -> dict[str, Any]:

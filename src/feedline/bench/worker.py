@@ -98,14 +98,20 @@ def _usage() -> dict[str, int]:
 
 
 def _emulator_stats(source: Source) -> dict[str, float]:
+    """Request counters of the emulated node whose view this rank reads (if any)."""
     emu = _limit.emulator_for(source.path)
     if emu is None:
         return {}
+    node = _limit.emulator_node(source.path)
     try:
-        stats = emu.stats()
+        stats = dict(emu.stats())
     except Exception:
         return {}
-    return {k: v for k, v in dict(stats).items() if isinstance(v, int | float)}
+    per_node = stats.get("per_node")
+    if isinstance(per_node, list):
+        mine = [d for d in per_node if isinstance(d, dict) and d.get("node") == node]
+        stats = mine[0] if mine else {}
+    return {k: v for k, v in stats.items() if isinstance(v, int | float) and k != "node"}
 
 
 class _Job:
