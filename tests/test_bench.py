@@ -393,6 +393,9 @@ def test_loader_presets_deliver_what_peers_with_their_order_deliver(records):
         assert lo["stats"]["storage_bytes"][0] >= 1000 * REC  # from loader.stats()
         assert lo["stats"]["extra"][0]["preset"] == preset
     assert by["loader:tf"]["digest"] != by["loader:contiguous"]["digest"]
+    if by["loader:tf"]["rl"] is not None:  # the planner's RL is available
+        assert by["loader:tf"]["rl"] == by["pread:tf"]["rl"] > 0.9
+        assert by["loader:contiguous"]["rl"] == by["seq:contiguous"]["rl"] < 0.1
 
 
 def test_failing_run_is_reported_not_fatal(records):
@@ -427,6 +430,8 @@ def test_plots_only_what_the_data_supports(records, tmp_path):
     for p in made:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    for r in doc["runs"]:
+        r["rl"] = None
     assert report.plot_rl(doc, str(tmp_path / "rl.png")) is None
     doc["runs"][0]["rl"] = 0.5
     assert report.plot_rl(doc, str(tmp_path / "rl.png"))

@@ -488,9 +488,10 @@ def plot_block_size(doc: dict[str, Any], path: str) -> str | None:
 
 
 def plot_rl(doc: dict[str, Any], path: str) -> str | None:
-    """Randomization level per run (runs that report one)."""
+    """Randomization level per run (runs that report one; not drawn when every order
+    is sequential, RL 0)."""
     runs = [r for r in doc["runs"] if r["rl"] is not None]
-    if not runs:
+    if not any(r["rl"] > 0 for r in runs):  # all sequential orders: nothing to show
         return None
     return _bars(
         path,

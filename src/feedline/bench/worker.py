@@ -280,12 +280,35 @@ class _Job:
                 limits.append(self.measure_limit())
             for run in cfg["runs"]:
                 samples[run["name"]].append(self.measure_run(run))
-        self.source.close()
         if self.rank != 0:
+            self.source.close()
             return None
+        for run in cfg["runs"]:
+            rl = self.order_rl(run)
+            for rep in samples[run["name"]]:
+                for r in rep["ranks"]:
+                    if r.get("rl") is None and r.get("error") is None:
+                        r["rl"] = rl
+        self.source.close()
         from .report import build_document
 
         return build_document(cfg, self.world, limits, samples)
+
+    def order_rl(self, run: dict[str, Any]) -> float | None:
+        """DeepIO's RL of the order a run delivers: its Loader preset, or the peers'
+        assignment (None when the planner's RL is not available)."""
+        name, _, arg = run["runner"].partition(":")
+        order = (
+            (arg or "feedline")
+            if name == "loader"
+            else (run.get("assignment") or self.cfg.get("assignment") or "contiguous")
+        )
+        try:
+            from ..plan.rl import randomization_level
+
+            return float(randomization_level(order, n=len(self.source.index)))
+        except Exception:
+            return None
 
 
 def _describe(e: BaseException) -> str:
