@@ -427,7 +427,7 @@ def write_npy(job: Job) -> dict[str, Any]:
     facts.update(
         format="npy",
         files=["data.npy", "labels.npy"],
-        open_options={},
+        open_options={"labels": "labels.npy"},
         record_bytes_min=synth.nbytes,
         record_bytes_max=synth.nbytes,
     )
