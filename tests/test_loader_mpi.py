@@ -55,6 +55,14 @@ def mpirun(n: int, out, *args: str, nodes: int | None = None) -> dict:
         return json.load(f)
 
 
+def per_step(res: dict, key: str) -> dict:
+    out: dict = {}
+    for rank in res[key]["ranks"]:
+        for _, step, ids, raw in rank:
+            out.setdefault(step, []).append((ids, raw))
+    return out
+
+
 def check_once(res: dict, P: int) -> None:
     """Every sample once per epoch, equal steps on every rank."""
     for key, r in res.items():
@@ -125,15 +133,7 @@ def test_resume_at_other_world_sizes_with_emulated_nodes(made, tmp_path):
         str(tmp_path / "s2.json"),
     )
     for key in full:
-
-        def per_step(res):
-            out = {}
-            for rank in res[key]["ranks"]:
-                for _, step, ids, raw in rank:
-                    out.setdefault(step, []).append((ids, raw))
-            return out
-
-        f, s = per_step(full), per_step(same)
+        f, s = per_step(full, key), per_step(same, key)
         assert sorted(s) == [2, 3, 4, 5] and all(s[k] == f[k] for k in s), f"{key}: not bit-exact"
         got = [
             i for res in (head, mid, tail) for rank in res[key]["ranks"] for x in rank for i in x[2]
