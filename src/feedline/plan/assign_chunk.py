@@ -36,8 +36,17 @@ class ChunkStream:
 
 
 def chunk_size(n: int, strategy) -> int:
-    """The group size in samples (strategy.chunk, or the default when 0)."""
-    g = strategy.chunk or DEFAULT_CHUNK
+    """The group size in samples: ``strategy.chunk``, or when 0 the largest power of two up
+    to DEFAULT_CHUNK whose RL reaches ``strategy.rl_floor`` (:func:`feedline.plan.rl.chunk_for_rl`)."""
+    g = strategy.chunk
+    if not g:
+        from .rl import chunk_for_rl
+
+        g = (
+            chunk_for_rl(max(n, 1), strategy.rl_floor, max_chunk=DEFAULT_CHUNK)
+            if strategy.rl_floor > 0
+            else DEFAULT_CHUNK
+        )
     return max(1, min(g, max(n, 1)))
 
 

@@ -1,0 +1,236 @@
+"""DeepIO's randomization level (RL, DeepIO §III-C, eqs. 1-5) and simple order diagnostics.
+
+An order is scored by the probability P(i) with which the element at position i was
+chosen by the process that made it, against a full shuffle, where the i-th element is
+one of the N - i remaining, Q(i) = 1 / (N - i) (eq. 4). The paper's RL (eq. 5) is
+
+    RL = H / H_fully,   H = -sum_i Q(i) log2 P(i),   H_fully = -sum_i Q(i) log2 Q(i),
+
+i.e. the cross-entropy of eq. 1 taken with the full shuffle's weights Q. A constant order
+has P = 1 and RL = 0; a full shuffle has RL = 1. This reading of eqs. 1-5 reproduces the
+paper's checkpoints with ~7,660 training images (85% of Caltech-101): R = 0.5 -> 98.54%,
+R = 0.25 -> 96.96% (§III-C), and constant groups of 4 / 16 / 256 images -> 72.4% /
+48.8% / 15.8% (Fig. 7 reports 73% / 49% / 16%); see ``docs/planner.md``. The cost is
+O(N) vectorised work for a model, so :func:`chunk_for_rl` caches its answers.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+_BLOCK = 1 << 20
+#: Models are evaluated on at most this many samples: at a fixed group size their RL
+#: changes slowly with N (and grows with it), so larger datasets get a slightly
+#: pessimistic value in O(2**20) time instead of O(N).
+MODEL_SAMPLES = 1 << 20
+
+
+def _q_entropy(n: int, logp) -> float:
+    """-sum_i Q(i) log2 P(i) for i < n, with ``logp(i)`` = log2 P(i), in blocks."""
+    total = 0.0
+    for a in range(0, n, _BLOCK):
+        i = np.arange(a, min(a + _BLOCK, n), dtype=np.float64)
+        total -= float((logp(i) / (n - i)).sum())
+    return total
+
+
+@lru_cache(maxsize=256)
+def _h_fully(n: int) -> float:
+    return _q_entropy(n, lambda i: -np.log2(n - i))
+
+
+@lru_cache(maxsize=1024)
+def rl_grouped(n: int, group: int, *, local_shuffle: bool = False, exact: bool = False) -> float:
+    """RL of groups of *group* consecutive samples shuffled as units (Fig. 7's model).
+
+    With ``local_shuffle`` the samples inside each group are also shuffled (the
+    asynchronous-I/O paper's chunk shuffle): P(i) = 1/(G - k) · 1/(g - u) for position u of
+    the k-th group; without it P(i) = 1/(G - k). Evaluated on ``min(n, MODEL_SAMPLES)``
+    samples unless *exact*.
+    """
+    if n <= 1:
+        return 1.0
+    if not exact:
+        n = min(n, MODEL_SAMPLES)
+    g = max(1, min(int(group), n))
+    G = -(-n // g)
+
+    def logp(i):
+        k = i // g
+        lp = -np.log2(G - k)
+        if local_shuffle:
+            size = np.where(k == G - 1, n - (G - 1) * g, g)
+            lp = lp - np.log2(size - (i - k * g))
+        return lp
+
+    return _q_entropy(n, logp) / _h_fully(n)
+
+
+@lru_cache(maxsize=1024)
+def rl_memory(n: int, fraction: float, *, unit: int = 1, exact: bool = False) -> float:
+    """RL of DeepIO's hybrid pipeline (eq. 4): rounds of a fraction R of the files in memory.
+
+    *unit* samples form a file; each round loads N_c = R·N_f files chosen without
+    replacement and fully shuffles the N_mem = N_c·unit samples in memory. Evaluated on
+    ``min(n, MODEL_SAMPLES)`` samples unless *exact*.
+    """
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"fraction must be in (0, 1], got {fraction}")
+    if n <= 1:
+        return 1.0
+    if not exact:
+        n = min(n, MODEL_SAMPLES)
+    unit = max(1, min(int(unit), n))
+    Nf = -(-n // unit)
+    Nc = max(1, round(fraction * Nf))
+    Nmem = Nc * unit
+
+    def logp(i):
+        r = i // Nmem
+        in_round = np.minimum(Nmem, n - r * Nmem)  # the last round may be short
+        return np.log2(np.minimum(Nc, Nf - Nc * r) / (Nf - Nc * r)) - np.log2(
+            in_round - (i - r * Nmem)
+        )
+
+    return _q_entropy(n, logp) / _h_fully(n)
+
+
+def rl_of_strategy(n: int, strategy) -> float:
+    """RL of an assignment's sampling process (what the planner's orders realise)."""
+    from .assign_chunk import chunk_size
+    from .assign_memory import unit_size
+    from .strategy import get_strategy
+
+    s = get_strategy(strategy)
+    a = s.assignment
+    if a == "global":
+        return 1.0
+    if a in ("strided", "skip", "contiguous"):
+        return 0.0 if n > 1 else 1.0
+    if a == "chunk":
+        return rl_grouped(n, chunk_size(n, s), local_shuffle=True)
+    if a == "memory":
+        return rl_memory(n, s.memory_fraction, unit=unit_size(n, s))
+    raise ConfigError(f"no RL model for assignment {a!r}")  # pragma: no cover
+
+
+def rl_of_sequence(ids) -> float:
+    """RL of one observed order: maximal runs of consecutive ids count as constant groups.
+
+    A run ``i, i+1, i+2, ...`` is what a constant-order group looks like (Fig. 7), so the
+    sequence is scored as its runs shuffled as units. Exact for the identity (0) and for
+    group shuffles without local shuffle; a full shuffle scores just under 1 (chance
+    adjacencies).
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(ids)
+    if n <= 1:
+        return 1.0
+    new = np.ones(n, dtype=bool)
+    new[1:] = np.diff(ids) != 1
+    run = np.cumsum(new) - 1  # run index of each position
+    G = int(run[-1]) + 1
+    run_f = run.astype(np.float64)
+    total = 0.0
+    for a in range(0, n, _BLOCK):
+        i = np.arange(a, min(a + _BLOCK, n), dtype=np.float64)
+        total += float((np.log2(G - run_f[a : a + len(i)]) / (n - i)).sum())
+    return total / _h_fully(n)
+
+
+def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float:
+    """DeepIO's randomization level of a plan, a strategy or an id sequence.
+
+    Parameters
+    ----------
+    x : Plan, Strategy, str or array of int
+        A :class:`~feedline.plan.Plan` (its assignment over its N samples), a Strategy or
+        preset name (with *n*), or an observed order of ids.
+    n : int, optional
+        Number of samples, for a strategy.
+    **kw
+        Knob overrides for a strategy (``chunk=``, ``memory_fraction=``...).
+
+    Returns
+    -------
+    float in [0, 1]
+        1 for a full shuffle, 0 for a constant order.
+    """
+    from .plan import Plan
+    from .strategy import Strategy
+
+    if isinstance(x, Plan):
+        return rl_of_strategy(x.n, x.strategy)
+    if isinstance(x, (Strategy, str)):
+        if n is None:
+            raise ConfigError("randomization_level(strategy) needs n (the number of samples)")
+        from .strategy import get_strategy
+
+        return rl_of_strategy(int(n), get_strategy(x, **kw))
+    if x is None:
+        raise ConfigError("randomization_level needs a plan, a strategy or an id sequence")
+    return rl_of_sequence(x)
+
+
+@lru_cache(maxsize=256)
+def chunk_for_rl(n: int, rl_floor: float, *, max_chunk: int = 64) -> int:
+    """The largest power-of-two chunk <= *max_chunk* whose chunk shuffle has RL >= *rl_floor*.
+
+    Under eq. 4 a chunk shuffle's RL is U-shaped in the chunk size (a single group,
+    shuffled locally, is a full shuffle), so the search walks down from *max_chunk*;
+    *max_chunk* is what bounds memory and read size. Returns 1 (a full shuffle) when no
+    chunk reaches the floor.
+    """
+    if n <= 1 or rl_floor <= 0:
+        return max(1, min(max_chunk, n))
+    g = 1 << (max(1, min(max_chunk, n)).bit_length() - 1)
+    while g > 1:
+        if rl_grouped(n, g, local_shuffle=True) >= rl_floor:
+            return g
+        g //= 2
+    return 1
+
+
+# ----------------------------------------------------------------- diagnostics
+
+
+def mean_displacement(ids) -> float:
+    """Mean |position - id| over N/3 (its expectation under a full shuffle): 0 = identity."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(ids)
+    if n <= 1:
+        return 0.0
+    d = np.abs(ids - np.arange(n, dtype=np.int64)).mean()
+    return float(d / ((n * n - 1) / (3.0 * n)))
+
+
+def batch_cooccurrence(order_a, order_b, batch_size: int) -> float:
+    """How much more often than chance two samples share a batch in both orders.
+
+    For every pair of samples in the same batch of *order_a*, the fraction also sharing
+    a batch of *order_b*, divided by its value under independent shuffles,
+    (B - 1) / (N - 1). ≈1: batches are freshly mixed; ≫1: batch compositions repeat
+    across epochs (e.g. constant groups).
+    """
+    a = np.asarray(order_a, dtype=np.int64)
+    b = np.asarray(order_b, dtype=np.int64)
+    n = len(a)
+    if n != len(b) or n < 2:
+        raise ConfigError("orders must be permutations of the same samples (N >= 2)")
+    ba = np.empty(n, dtype=np.int64)
+    bb = np.empty(n, dtype=np.int64)
+    ba[a] = np.arange(n) // batch_size
+    bb[b] = np.arange(n) // batch_size
+    _, cell = np.unique(ba * (n // batch_size + 1) + bb, return_counts=True)
+    _, size_a = np.unique(ba, return_counts=True)
+    both = float((cell * (cell - 1) // 2).sum())
+    pairs = float((size_a * (size_a - 1) // 2).sum())
+    if pairs == 0:
+        return 0.0
+    expected = (batch_size - 1) / (n - 1)
+    return (both / pairs) / expected
