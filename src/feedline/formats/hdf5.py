@@ -10,13 +10,14 @@ datasets and chunks that split samples, since those have no byte range per sampl
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ConfigError, CorruptDataError, UnsupportedFormatError
+from ..errors import ConfigError, CorruptDataError, FeedlineError, UnsupportedFormatError
 from ..index import Index
 from .base import Decoder, Format, register
 from .npy import ArrayDecoder
@@ -47,6 +48,17 @@ def _open(path: str):
         if "truncated" in msg:
             raise CorruptDataError(path, size, f"truncated HDF5 file: {msg}") from None
         raise CorruptDataError(path, 0, f"not a readable HDF5 file: {msg}") from None
+
+
+@contextlib.contextmanager
+def _metadata_errors(path: str):
+    """Turn HDF5 library errors on damaged metadata into CorruptDataError."""
+    try:
+        yield
+    except FeedlineError:
+        raise
+    except (KeyError, OSError, RuntimeError, ValueError, TypeError) as e:
+        raise CorruptDataError(path, 0, f"HDF5 metadata unreadable ({type(e).__name__}: {e})") from None
 
 
 def _datasets(f) -> list[tuple[str, Any]]:
@@ -202,7 +214,7 @@ class HDF5Format(Format):
         row = 0
         for fid, path in enumerate(self.files):
             size = os.path.getsize(path)
-            with _open(path) as f:
+            with _open(path) as f, _metadata_errors(path):
                 if data_name is None:
                     data_name, label_name = choose_datasets(path, f, data_opt, label_opt)
                 elif data_name not in f:
