@@ -339,6 +339,11 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   if (is_text(ino)) {
     // A snapshot taken at open: a reader sees one consistent document however it reads.
+    const double give_up = fs.now() + 0.2;  // bounded: a stuck reply must not hang stats
+    while (fs.replying.load() > 0 && fs.now() < give_up) {
+      const timespec pause{0, 20000};
+      nanosleep(&pause, nullptr);
+    }
     auto h = std::make_unique<TextHandle>();
     h->text = ino == kStatsIno ? fs.stats_json() : fs.accounting.requests_jsonl();
     fi->direct_io = 1;  // size is reported as 0; direct I/O reads past it
@@ -435,11 +440,13 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
   // The client has the data when the reply's copy completes: start it that much early.
   sleep_until(fs.to_timespec(charge.deadline - fs.copy_cost.predict(static_cast<std::size_t>(n))));
   const double released = fs.now();
+  fs.replying.fetch_add(1);
   fuse_reply_buf(req, buf, static_cast<std::size_t>(n));
   const double replied = fs.now();
   fs.copy_cost.record(static_cast<std::size_t>(n), replied - released);
   r.service = replied - arrival;
   fs.accounting.record(r);
+  fs.replying.fetch_sub(1);
 }
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, std::size_t size, off_t,
@@ -677,12 +684,12 @@ std::string Filesystem::stats_json() {
   const ModelParams& p = model.params();
   char params[1024];
   std::snprintf(params, sizeof params,
-                "{\"latency_us\": %.3f, \"node_MBps\": %.3f, \"aggregate_MBps\": %.3f, "
-                "\"server_MBps\": %.3f, \"servers\": %d, \"stripe_count\": %d, "
+                "{\"latency_us\": %.3f, \"node_mbps\": %.3f, \"aggregate_mbps\": %.3f, "
+                "\"server_mbps\": %.3f, \"servers\": %d, \"stripe_count\": %d, "
                 "\"stripe_kib\": %llu, \"seek_us\": %.3f, \"server_concurrency\": %d, "
                 "\"burst_kib\": %llu, \"readahead_kib\": %u, \"max_request_kib\": %u, "
                 "\"log_requests\": %zu, \"max_threads\": %d}",
-                p.latency_us, p.node_MBps, p.aggregate_MBps, p.server_MBps, p.servers,
+                p.latency_us, p.node_mbps, p.aggregate_mbps, p.server_mbps, p.servers,
                 p.stripe_count, static_cast<unsigned long long>(p.stripe_bytes / 1024), p.seek_us,
                 p.server_concurrency, static_cast<unsigned long long>(p.burst_bytes / 1024),
                 opts_.readahead_kib, opts_.max_request_kib, opts_.log_requests, opts_.max_threads);

@@ -9,6 +9,7 @@
 
 #include <time.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -95,6 +96,10 @@ class Filesystem {
   Model model;
   Accounting accounting;
   CopyCost copy_cost;
+  /// Reads between the start of their reply and their accounting record. A client may
+  /// open the stats right after its read returned; the snapshot waits for these so that
+  /// it includes every read the client has seen completed.
+  std::atomic<int> replying{0};
 
  private:
   Options opts_;

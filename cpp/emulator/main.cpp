@@ -31,9 +31,9 @@ const char* kUsage =
     "cost what a small parallel file system would charge (see docs/emulator.md).\n"
     "  --nodes N                emulated nodes (1)\n"
     "  --latency-us X           per-request latency (300)\n"
-    "  --node-MBps X            bandwidth of each node's link, 1 MB = 1e6 B (1000)\n"
-    "  --aggregate-MBps X       bandwidth shared by all nodes (2000)\n"
-    "  --server-MBps X          media bandwidth of each storage server (800)\n"
+    "  --node-mbps X            bandwidth of each node's link, 1 MB = 1e6 B (1000)\n"
+    "  --aggregate-mbps X       bandwidth shared by all nodes (2000)\n"
+    "  --server-mbps X          media bandwidth of each storage server (800)\n"
     "  --servers N              storage servers (4)\n"
     "  --stripe-count N         servers a file is striped over, 0 = all (0)\n"
     "  --stripe-kib N           stripe size (1024)\n"
@@ -109,9 +109,9 @@ Parsed parse(int argc, char** argv) {
     auto& m = o.model;
     if (name == "nodes") o.nodes = static_cast<int>(parse_int(name, value, 1, 4096));
     else if (name == "latency-us") m.latency_us = parse_double(name, value);
-    else if (name == "node-MBps") m.node_MBps = parse_double(name, value);
-    else if (name == "aggregate-MBps") m.aggregate_MBps = parse_double(name, value);
-    else if (name == "server-MBps") m.server_MBps = parse_double(name, value);
+    else if (name == "node-mbps") m.node_mbps = parse_double(name, value);
+    else if (name == "aggregate-mbps") m.aggregate_mbps = parse_double(name, value);
+    else if (name == "server-mbps") m.server_mbps = parse_double(name, value);
     else if (name == "servers") m.servers = static_cast<int>(parse_int(name, value, 1, 4096));
     else if (name == "stripe-count") m.stripe_count = static_cast<int>(parse_int(name, value, 0, 4096));
     else if (name == "stripe-kib")
@@ -232,5 +232,8 @@ int main(int argc, char** argv) {
   fuse_remove_signal_handlers(se);
   fuse_session_unmount(se);
   fuse_session_destroy(se);
-  return rc == 0 ? 0 : 1;
+  // The loop returns 0, -errno, or the number of the signal that ended it.
+  const bool clean = rc == 0 || rc == SIGTERM || rc == SIGINT || rc == SIGHUP;
+  if (!clean) std::fprintf(stderr, "feedline-fuse: session loop failed (%d)\n", rc);
+  return clean ? 0 : 1;
 }

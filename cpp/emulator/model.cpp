@@ -18,10 +18,10 @@ Model::Model(const ModelParams& params, int nodes)
     : p_(params),
       stripe_count_(params.stripe_count <= 0 ? params.servers
                                              : std::min(params.stripe_count, params.servers)),
-      aggregate_(params.aggregate_MBps * 1e6, static_cast<double>(params.burst_bytes)) {
+      aggregate_(params.aggregate_mbps * 1e6, static_cast<double>(params.burst_bytes)) {
   node_links_.reserve(static_cast<std::size_t>(nodes));
   for (int i = 0; i < nodes; ++i)
-    node_links_.emplace_back(p_.node_MBps * 1e6, static_cast<double>(p_.burst_bytes));
+    node_links_.emplace_back(p_.node_mbps * 1e6, static_cast<double>(p_.burst_bytes));
   servers_.resize(static_cast<std::size_t>(p_.servers));
   for (auto& s : servers_) s.slot_free.assign(static_cast<std::size_t>(p_.server_concurrency), 0.0);
 }
@@ -41,7 +41,7 @@ Charge Model::charge(int node, std::uint32_t file, std::uint64_t file_hash, std:
   Charge c;
   const double latency = p_.latency_us * 1e-6;
   const double seek = p_.seek_us * 1e-6;
-  const double server_rate = p_.server_MBps * 1e6;
+  const double server_rate = p_.server_mbps * 1e6;
   const std::uint64_t stripe = p_.stripe_bytes;
   const auto first_server = static_cast<std::uint64_t>(file_hash % static_cast<std::uint64_t>(p_.servers));
   const auto count = static_cast<std::uint64_t>(stripe_count_);
@@ -98,9 +98,9 @@ Charge Model::charge(int node, std::uint32_t file, std::uint64_t file_hash, std:
 
 std::string validate(const ModelParams& p) {
   if (!(p.latency_us >= 0)) return "latency-us must be >= 0";
-  if (!(p.node_MBps > 0)) return "node-MBps must be > 0";
-  if (!(p.aggregate_MBps > 0)) return "aggregate-MBps must be > 0";
-  if (!(p.server_MBps > 0)) return "server-MBps must be > 0";
+  if (!(p.node_mbps > 0)) return "node-mbps must be > 0";
+  if (!(p.aggregate_mbps > 0)) return "aggregate-mbps must be > 0";
+  if (!(p.server_mbps > 0)) return "server-mbps must be > 0";
   if (p.servers < 1 || p.servers > 4096) return "servers must be in [1, 4096]";
   if (p.stripe_count < 0) return "stripe-count must be >= 0 (0 = all servers)";
   if (p.stripe_bytes < 4096 || p.stripe_bytes % 4096 != 0)

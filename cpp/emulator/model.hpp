@@ -16,9 +16,9 @@ namespace feedline::emulator {
 /// setups scaled to one machine; docs/emulator.md explains each.
 struct ModelParams {
   double latency_us = 300.0;        ///< fixed cost per request (RPC round trip + server)
-  double node_MBps = 1000.0;        ///< client link of each node (1 MB = 1e6 bytes)
-  double aggregate_MBps = 2000.0;   ///< shared backbone of all nodes
-  double server_MBps = 800.0;       ///< media bandwidth of each storage server
+  double node_mbps = 1000.0;        ///< client link of each node (1 MB = 1e6 bytes)
+  double aggregate_mbps = 2000.0;   ///< shared backbone of all nodes
+  double server_mbps = 800.0;       ///< media bandwidth of each storage server
   int servers = 4;                  ///< storage servers (OSTs / NSD servers)
   int stripe_count = 0;             ///< servers a file is striped over (0 = all)
   std::uint64_t stripe_bytes = 1u << 20;  ///< stripe size
