@@ -113,7 +113,7 @@ def test_raw_batch(raw_set):
 
 
 def test_empty_batch_and_empty_index(raw_set, tmp_path):
-    idx, recs, px, _ = raw_set
+    idx, _recs, _px, _ = raw_set
     data, lab = DatumDecoder(idx).decode(np.zeros(0, np.uint8), np.zeros(0, np.int64), np.zeros(0))
     assert data.shape == (0, 3, 4, 5) and lab.shape == (0,)
     empty = Index(files=[], file_ids=[], offsets=[], lengths=[])
@@ -134,7 +134,14 @@ def test_float_data_packed_and_unpacked(tmp_path):
 
 
 def test_unknown_fields_are_skipped(tmp_path):
-    rec = datum(1, 2, 2, b"\1\2\3\4", 3, extra=_field(15, 2, _varint(2) + b"zz") + _field(16, 0, _varint(99)))
+    rec = datum(
+        1,
+        2,
+        2,
+        b"\1\2\3\4",
+        3,
+        extra=_field(15, 2, _varint(2) + b"zz") + _field(16, 0, _varint(99)),
+    )
     dec = DatumDecoder(index_of(tmp_path, [rec]))
     data, lab = dec.decode(*batch([rec]))
     np.testing.assert_array_equal(data.ravel(), [1, 2, 3, 4])
@@ -189,7 +196,9 @@ def test_shape_mismatch_names_file_sample_and_offset(tmp_path):
 def test_data_size_must_match_shape(tmp_path):
     recs = [datum(1, 2, 2, b"abcd", 0), datum(1, 2, 2, b"abc", 0)]
     idx = index_of(tmp_path, recs)
-    with pytest.raises(CorruptDataError, match="sample 1: .*data has 3 bytes, expected C\\*H\\*W = 4"):
+    with pytest.raises(
+        CorruptDataError, match=r"sample 1: .*data has 3 bytes, expected C\*H\*W = 4"
+    ):
         DatumDecoder(idx).decode(*batch(recs))
 
 
@@ -236,7 +245,9 @@ def test_garbage_never_crashes(tmp_path):
             g[int(rng.integers(0, len(g)))] ^= 1 << int(rng.integers(0, 8))
         recs = [good, bytes(g)]
         try:
-            data, _ = dec.decode(*batch(recs), )
+            data, _ = dec.decode(
+                *batch(recs),
+            )
             assert data.shape == (2, 1, 2, 2)
             outcomes["ok"] += 1
         except CorruptDataError as e:
@@ -247,8 +258,15 @@ def test_garbage_never_crashes(tmp_path):
 
 def test_parse_datum_and_decode_image_helpers():
     d = parse_datum(datum(3, 2, 1, b"abcdef", -7, encoded=False))
-    assert (d.channels, d.height, d.width, d.label, d.encoded, d.data_size) == (3, 2, 1, -7, False, 6)
-    with pytest.raises(CorruptDataError, match="label .* outside int32"):
+    assert (d.channels, d.height, d.width, d.label, d.encoded, d.data_size) == (
+        3,
+        2,
+        1,
+        -7,
+        False,
+        6,
+    )
+    with pytest.raises(CorruptDataError, match=r"label .* outside int32"):
         parse_datum(_field(5, 0, _varint(1 << 40)), "x")
     img = decode_image(png(np.full((2, 3, 3), 9, np.uint8)), channels=1)
     assert img.shape == (1, 2, 3) and (img == 9).all()

@@ -102,7 +102,7 @@ class FormatConformance:
                 assert labels is None
             else:
                 np.testing.assert_array_equal(labels, w.labels[ids])
-            one, lab = ds[int(ids[0])]
+            one, _lab = ds[int(ids[0])]
             if w.data is not None:
                 np.testing.assert_array_equal(one, w.data[ids[0]])
 
@@ -149,7 +149,7 @@ class FormatConformance:
                 np.testing.assert_array_equal(ds.index.labels, w.labels)
             ids = np.arange(len(ds))
             raw, lengths = ds.read_many(ids)
-            data, labels = ds.decode(raw, lengths, ids)
+            data, _labels = ds.decode(raw, lengths, ids)
             if w.data is not None:
                 np.testing.assert_array_equal(data, w.data)
         for spec in (list(w.files), os.path.join(os.path.dirname(w.files[0]), "*")):
@@ -244,7 +244,6 @@ class TestNpy(FormatConformance):
             labels=labels,
             options={"labels": "labels.npy"},
         )
-
 
     def test_replaced_labels_are_used(self, tmp_path):
         w = self.dataset(tmp_path)

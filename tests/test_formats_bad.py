@@ -58,7 +58,16 @@ print(json.dumps(out))
 def sweep(src, fmt, mode, positions, timeout=300, **opts):
     """Mutate *src* at each position in a subprocess; return one outcome per position."""
     proc = subprocess.run(
-        [sys.executable, "-c", _WORKER, str(src), fmt, json.dumps(opts), mode, json.dumps(list(positions))],
+        [
+            sys.executable,
+            "-c",
+            _WORKER,
+            str(src),
+            fmt,
+            json.dumps(opts),
+            mode,
+            json.dumps(list(positions)),
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -124,10 +133,18 @@ def test_npy_fortran_order(tmp_path):
         (b"\x93NUMPY\x09\x00\x10\x00" + b"{}".ljust(16), UnsupportedFormatError, "version 9"),
         (b"\x93NUMPY\x01\x00\x10\x00" + b"{'descr': <f4".ljust(16), CorruptDataError, "literal"),
         (b"\x93NUMPY\x01\x00\x20\x00" + b"{'shape': (2,)}".ljust(32), CorruptDataError, "descr"),
-        (b"\x93NUMPY\x01\x00\x40\x00"
-         + b"{'descr': 'zz', 'fortran_order': False, 'shape': (2,)}".ljust(64), CorruptDataError, "bad descr"),
-        (b"\x93NUMPY\x01\x00\x40\x00"
-         + b"{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}".ljust(64), CorruptDataError, "bad shape"),
+        (
+            b"\x93NUMPY\x01\x00\x40\x00"
+            + b"{'descr': 'zz', 'fortran_order': False, 'shape': (2,)}".ljust(64),
+            CorruptDataError,
+            "bad descr",
+        ),
+        (
+            b"\x93NUMPY\x01\x00\x40\x00"
+            + b"{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}".ljust(64),
+            CorruptDataError,
+            "bad shape",
+        ),
         (b"\x93NUMPY\x02\x00\xff\xff\xff\x7f{", CorruptDataError, "implausible"),
     ],
 )
@@ -177,7 +194,10 @@ def _h5(path, **datasets):
 
 
 def test_hdf5_compressed(tmp_path):
-    p = _h5(tmp_path / "z.h5", x={"data": np.zeros((8, 4), "f4"), "chunks": (2, 4), "compression": "gzip"})
+    p = _h5(
+        tmp_path / "z.h5",
+        x={"data": np.zeros((8, 4), "f4"), "chunks": (2, 4), "compression": "gzip"},
+    )
     with pytest.raises(UnsupportedFormatError, match=r"'x' is filtered \(deflate.*h5repack") as e:
         len(feedline.open_dataset(p))
     assert e.value.path == p
@@ -185,7 +205,7 @@ def test_hdf5_compressed(tmp_path):
 
 def test_hdf5_chunks_split_samples(tmp_path):
     p = _h5(tmp_path / "s.h5", x={"data": np.zeros((8, 4, 4), "f4"), "chunks": (8, 2, 4)})
-    with pytest.raises(UnsupportedFormatError, match="split samples.*h5repack -l x:CONTI"):
+    with pytest.raises(UnsupportedFormatError, match=r"split samples.*h5repack -l x:CONTI"):
         len(feedline.open_dataset(p))
 
 
@@ -253,7 +273,9 @@ def test_hdf5_row_bounds_check(tmp_path):
         base = dset.id.get_offset()
         offs, row, _ = row_offsets(p, "x", dset, base + 160)
         assert row == 16 and offs.tolist() == [base + 16 * i for i in range(10)]
-        with pytest.raises(CorruptDataError, match="dataset 'x': row 5 .* ends beyond the end of the file") as e:
+        with pytest.raises(
+            CorruptDataError, match=r"dataset 'x': row 5 .* ends beyond the end of the file"
+        ) as e:
             row_offsets(p, "x", dset, base + 16 * 5 + 3)
     assert e.value.path == p and e.value.offset == base + 16 * 5
 
@@ -266,8 +288,12 @@ def test_hdf5_not_hdf5(tmp_path):
 
 
 def test_hdf5_options(tmp_path):
-    p = _h5(tmp_path / "o.h5", a={"data": np.zeros((3, 2), "f4")}, b={"data": np.ones((3, 10), "u1")},
-            y={"data": np.arange(4, dtype="u1")})
+    p = _h5(
+        tmp_path / "o.h5",
+        a={"data": np.zeros((3, 2), "f4")},
+        b={"data": np.ones((3, 10), "u1")},
+        y={"data": np.arange(4, dtype="u1")},
+    )
     with pytest.raises(ConfigError, match=r"labels 'y' of shape \(4,\) do not match 3"):
         len(feedline.open_dataset(p))
     ds = feedline.open_dataset(p, labels=False, sidecar=False)
@@ -279,8 +305,11 @@ def test_hdf5_options(tmp_path):
 
 
 def test_hdf5_truncations(tmp_path):
-    p = _h5(tmp_path / "h.h5", x={"data": np.arange(60, dtype="<i2").reshape(10, 6)},
-            labels={"data": np.arange(10)})
+    p = _h5(
+        tmp_path / "h.h5",
+        x={"data": np.arange(60, dtype="<i2").reshape(10, 6)},
+        labels={"data": np.arange(10)},
+    )
     size = os.path.getsize(p)
     cuts = sorted(set(np.linspace(0, size - 1, 120).astype(int).tolist()))
     out = sweep(p, "hdf5", "truncate", cuts)
@@ -319,14 +348,19 @@ def test_tfrecord_every_truncation(tmp_path):
         if cut in ends:
             assert o == ["ok", ends.index(cut)]
         else:
-            assert o[0] == "CorruptDataError" and o[1] <= cut and o[2].endswith("m.tfrecord"), (cut, o)
+            assert o[0] == "CorruptDataError" and o[1] <= cut and o[2].endswith("m.tfrecord"), (
+                cut,
+                o,
+            )
 
 
 def test_tfrecord_every_bit_flip(tmp_path):
-    p, recs = _tfr(tmp_path, 3)
+    p, _recs = _tfr(tmp_path, 3)
     nbits = os.path.getsize(p) * 8
     out = sweep(p, "tfrecord", "flip", range(nbits))
-    assert all(o[0] == "CorruptDataError" for o in out), [o for o in out if o[0] != "CorruptDataError"][:3]
+    assert all(o[0] == "CorruptDataError" for o in out), [
+        o for o in out if o[0] != "CorruptDataError"
+    ][:3]
 
 
 def test_tfrecord_errors_say_where(tmp_path):

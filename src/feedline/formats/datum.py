@@ -1,7 +1,7 @@
 """Caffe ``Datum`` records (the values of Caffe's LMDB/LevelDB datasets) into arrays.
 
 A Datum is a small protobuf: ``channels``, ``height``, ``width``, ``data`` (raw pixels,
-C×H×W uint8), ``label`` (int32), ``float_data`` (repeated float) and ``encoded`` (the
+CxHxW uint8), ``label`` (int32), ``float_data`` (repeated float) and ``encoded`` (the
 ``data`` bytes are a JPEG/PNG). A batch is decoded natively in one call — the wire
 format is parsed and validated without a protobuf object per sample and the pixels are
 copied straight into the batch array — while encoded Datums, reported back by the
@@ -163,7 +163,9 @@ class DatumDecoder(Decoder):
         encoded = np.zeros(b, dtype=np.uint8)
         eoff = np.zeros(b, dtype=np.int64)
         elen = np.zeros(b, dtype=np.int64)
-        fault = _core.decode_datum_batch(raw, lengths, flat, labels, encoded, eoff, elen, c, h, w, self.floats)
+        fault = _core.decode_datum_batch(
+            raw, lengths, flat, labels, encoded, eoff, elen, c, h, w, self.floats
+        )
         if fault is not None:
             k, offset, reason = fault
             path, where, who = self._where(ids, k, offset)
@@ -179,8 +181,10 @@ class DatumDecoder(Decoder):
                 raise CorruptDataError(path, where, f"{who}: {e}") from None
             if img.shape != (c, h, w):
                 raise CorruptDataError(
-                    path, where, f"{who}: decoded image of shape {img.shape} differs from the "
-                    f"batch's {(c, h, w)} (resize the images when writing the dataset)"
+                    path,
+                    where,
+                    f"{who}: decoded image of shape {img.shape} differs from the "
+                    f"batch's {(c, h, w)} (resize the images when writing the dataset)",
                 )
             target[k] = img
         if out is not None and target is not out:

@@ -58,7 +58,9 @@ def _metadata_errors(path: str):
     except FeedlineError:
         raise
     except (KeyError, OSError, RuntimeError, ValueError, TypeError) as e:
-        raise CorruptDataError(path, 0, f"HDF5 metadata unreadable ({type(e).__name__}: {e})") from None
+        raise CorruptDataError(
+            path, 0, f"HDF5 metadata unreadable ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _datasets(f) -> list[tuple[str, Any]]:
@@ -77,12 +79,16 @@ def _is_label_name(name: str) -> bool:
     return name.rsplit("/", 1)[-1].lower() in LABEL_NAMES
 
 
-def choose_datasets(path: str, f, data: str | None, labels: str | bool | None) -> tuple[str, str | None]:
+def choose_datasets(
+    path: str, f, data: str | None, labels: str | bool | None
+) -> tuple[str, str | None]:
     """Resolve the data and labels dataset names of file *f* (see the format's options)."""
     found = _datasets(f)
     names = [n for n, _ in found]
     if labels is None:
-        cands = sorted((n for n in names if _is_label_name(n) and n != data), key=lambda n: (n.count("/"), n))
+        cands = sorted(
+            (n for n in names if _is_label_name(n) and n != data), key=lambda n: (n.count("/"), n)
+        )
         label_name = cands[0] if cands else None
     elif labels is False or labels == "":
         label_name = None
@@ -99,11 +105,15 @@ def choose_datasets(path: str, f, data: str | None, labels: str | bool | None) -
     if not cands2:
         raise UnsupportedFormatError(path, f"no dataset to read samples from (datasets: {names})")
     # the largest dataset (ties: first by name, so every file of a dataset agrees)
-    best = max(sorted(cands2, key=lambda nd: nd[0]), key=lambda nd: nd[1].size * nd[1].dtype.itemsize)
+    best = max(
+        sorted(cands2, key=lambda nd: nd[0]), key=lambda nd: nd[1].size * nd[1].dtype.itemsize
+    )
     return best[0], label_name
 
 
-def row_offsets(path: str, name: str, dset, file_size: int) -> tuple[np.ndarray, int, dict[str, Any]]:
+def row_offsets(
+    path: str, name: str, dset, file_size: int
+) -> tuple[np.ndarray, int, dict[str, Any]]:
     """Byte offset of every row of *dset*, the row size, and layout facts.
 
     Raises UnsupportedFormatError for layouts without a byte range per row, and
@@ -112,16 +122,23 @@ def row_offsets(path: str, name: str, dset, file_size: int) -> tuple[np.ndarray,
     h5d = _h5py().h5d
     where = f"{path}: dataset {name!r}"
     if dset.ndim < 1:
-        raise UnsupportedFormatError(path, f"dataset {name!r} is a scalar; samples are rows of the first axis")
+        raise UnsupportedFormatError(
+            path, f"dataset {name!r} is a scalar; samples are rows of the first axis"
+        )
     dt = dset.dtype
     if dt.kind not in _RAW_KINDS or dt.hasobject or dt.fields is not None:
-        raise UnsupportedFormatError(path, f"dataset {name!r} has dtype {dt}; feedline reads numeric or fixed-length bytes datasets")
+        raise UnsupportedFormatError(
+            path,
+            f"dataset {name!r} has dtype {dt}; feedline reads numeric or fixed-length bytes datasets",
+        )
     n = int(dset.shape[0])
     row = math.prod(dset.shape[1:]) * dt.itemsize
     dcpl = dset.id.get_create_plist()
     layout = dcpl.get_layout()
     if dcpl.get_external_count() > 0:
-        raise UnsupportedFormatError(path, f"dataset {name!r} keeps its data in external files; " + _REPACK.format(name=name))
+        raise UnsupportedFormatError(
+            path, f"dataset {name!r} keeps its data in external files; " + _REPACK.format(name=name)
+        )
     facts: dict[str, Any] = {}
     if n == 0 or row == 0:
         if n and not row:
@@ -131,23 +148,30 @@ def row_offsets(path: str, name: str, dset, file_size: int) -> tuple[np.ndarray,
         base = dset.id.get_offset()
         if base is None:
             raise UnsupportedFormatError(
-                path, f"dataset {name!r} has no storage allocated (it was never written: its "
-                "values are only fill values)"
+                path,
+                f"dataset {name!r} has no storage allocated (it was never written: its "
+                "values are only fill values)",
             )
         offsets = base + np.arange(n, dtype=np.int64) * row
         facts["layout"] = "contiguous"
     elif layout == h5d.CHUNKED:
         if dcpl.get_nfilters() > 0:
-            filters = [dcpl.get_filter(i)[3].decode(errors="replace") or str(dcpl.get_filter(i)[0]) for i in range(dcpl.get_nfilters())]
+            filters = [
+                dcpl.get_filter(i)[3].decode(errors="replace") or str(dcpl.get_filter(i)[0])
+                for i in range(dcpl.get_nfilters())
+            ]
             raise UnsupportedFormatError(
-                path, f"dataset {name!r} is filtered ({', '.join(filters)}): compressed rows have no "
-                "byte range feedline can read; " + _REPACK.format(name=name)
+                path,
+                f"dataset {name!r} is filtered ({', '.join(filters)}): compressed rows have no "
+                "byte range feedline can read; " + _REPACK.format(name=name),
             )
         chunks = tuple(dset.chunks)
         if chunks[1:] != tuple(dset.shape[1:]):
             raise UnsupportedFormatError(
-                path, f"dataset {name!r} has chunks {chunks} that split samples of shape "
-                f"{tuple(dset.shape[1:])}; chunks must be (k, *row_shape); " + _REPACK.format(name=name)
+                path,
+                f"dataset {name!r} has chunks {chunks} that split samples of shape "
+                f"{tuple(dset.shape[1:])}; chunks must be (k, *row_shape); "
+                + _REPACK.format(name=name),
             )
         c = chunks[0]
         offsets = np.full(n, -1, dtype=np.int64)
@@ -165,27 +189,40 @@ def row_offsets(path: str, name: str, dset, file_size: int) -> tuple[np.ndarray,
             if byte_offset is None:
                 continue
             if size != c * row:
-                raise CorruptDataError(path, byte_offset, f"dataset {name!r}: chunk at row {first} stores {size} bytes, expected {c * row}")
+                raise CorruptDataError(
+                    path,
+                    byte_offset,
+                    f"dataset {name!r}: chunk at row {first} stores {size} bytes, expected {c * row}",
+                )
             k = min(c, n - first)
             if k > 0:
                 offsets[first : first + k] = byte_offset + np.arange(k, dtype=np.int64) * row
         if (offsets < 0).any():
             missing = int(np.flatnonzero(offsets < 0)[0])
             raise UnsupportedFormatError(
-                path, f"dataset {name!r}: the chunk holding row {missing} was never written "
-                "(unallocated chunks hold only fill values)"
+                path,
+                f"dataset {name!r}: the chunk holding row {missing} was never written "
+                "(unallocated chunks hold only fill values)",
             )
         facts.update(layout="chunked", chunk_rows=c)
     elif layout == h5d.COMPACT:
-        raise UnsupportedFormatError(path, f"dataset {name!r} is compact (stored in its object header); " + _REPACK.format(name=name))
+        raise UnsupportedFormatError(
+            path,
+            f"dataset {name!r} is compact (stored in its object header); "
+            + _REPACK.format(name=name),
+        )
     else:
-        raise UnsupportedFormatError(path, f"dataset {name!r} has layout {layout} (virtual?); " + _REPACK.format(name=name))
+        raise UnsupportedFormatError(
+            path, f"dataset {name!r} has layout {layout} (virtual?); " + _REPACK.format(name=name)
+        )
     ends = offsets + row
     if len(ends) and int(ends.max()) > file_size:
         bad = int(np.flatnonzero(ends > file_size)[0])
         raise CorruptDataError(
-            path, int(offsets[bad]), f"{where}: row {bad} ({row} bytes at {int(offsets[bad])}) "
-            f"ends beyond the end of the file ({file_size} bytes)"
+            path,
+            int(offsets[bad]),
+            f"{where}: row {bad} ({row} bytes at {int(offsets[bad])}) "
+            f"ends beyond the end of the file ({file_size} bytes)",
         )
     return offsets, row, facts
 
@@ -218,19 +255,24 @@ class HDF5Format(Format):
                 if data_name is None:
                     data_name, label_name = choose_datasets(path, f, data_opt, label_opt)
                 elif data_name not in f:
-                    raise ConfigError(f"{path}: no dataset {data_name!r} (found in {self.files[0]})")
+                    raise ConfigError(
+                        f"{path}: no dataset {data_name!r} (found in {self.files[0]})"
+                    )
                 dset = f[data_name]
                 offs, row, facts = row_offsets(path, data_name, dset, size)
                 if shape0 is None:
                     shape0, dtype0, facts0 = tuple(dset.shape[1:]), dset.dtype, facts
                 elif tuple(dset.shape[1:]) != shape0 or dset.dtype != dtype0:
                     raise UnsupportedFormatError(
-                        path, f"dataset {data_name!r} has rows {tuple(dset.shape[1:])} {dset.dtype}, "
-                        f"unlike {self.files[0]}'s {shape0} {dtype0}"
+                        path,
+                        f"dataset {data_name!r} has rows {tuple(dset.shape[1:])} {dset.dtype}, "
+                        f"unlike {self.files[0]}'s {shape0} {dtype0}",
                     )
                 if label_name is not None:
                     if label_name not in f:
-                        raise ConfigError(f"{path}: no labels dataset {label_name!r} (found in {self.files[0]})")
+                        raise ConfigError(
+                            f"{path}: no labels dataset {label_name!r} (found in {self.files[0]})"
+                        )
                     lab = np.asarray(f[label_name][...])
                     if lab.ndim == 0 or len(lab) != len(offs):
                         raise ConfigError(
@@ -238,7 +280,9 @@ class HDF5Format(Format):
                             f"{len(offs)} samples of {data_name!r}"
                         )
                     if lab.dtype.kind not in "biuf":
-                        raise UnsupportedFormatError(path, f"labels {label_name!r} of dtype {lab.dtype}; expected numbers")
+                        raise UnsupportedFormatError(
+                            path, f"labels {label_name!r} of dtype {lab.dtype}; expected numbers"
+                        )
                     labels.append(lab.astype(lab.dtype.newbyteorder("=")))
             file_ids.append(np.full(len(offs), fid, dtype=np.int32))
             offsets.append(offs)

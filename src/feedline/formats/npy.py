@@ -60,7 +60,9 @@ def read_npy_header(path: str, fd: int | None = None) -> NpyHeader:
     try:
         size = os.fstat(fd).st_size
         if size < 10:
-            raise CorruptDataError(path, size, f"file of {size} bytes is too short for a .npy header")
+            raise CorruptDataError(
+                path, size, f"file of {size} bytes is too short for a .npy header"
+            )
         head = pread_exact(fd, 12 if size >= 12 else 10, 0, path)
         if head[:6] != MAGIC:
             raise CorruptDataError(path, 0, "not a .npy file (bad magic)")
@@ -74,7 +76,9 @@ def read_npy_header(path: str, fd: int | None = None) -> NpyHeader:
             (hlen,) = struct.unpack_from("<I", head, 8)
             start = 12
         else:
-            raise UnsupportedFormatError(path, f".npy format version {version[0]}.{version[1]} (feedline reads 1, 2, 3)")
+            raise UnsupportedFormatError(
+                path, f".npy format version {version[0]}.{version[1]} (feedline reads 1, 2, 3)"
+            )
         if hlen > MAX_HEADER:
             raise CorruptDataError(path, 8, f"header length {hlen} is implausible")
         if start + hlen > size:
@@ -89,7 +93,9 @@ def read_npy_header(path: str, fd: int | None = None) -> NpyHeader:
     except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as e:
         raise CorruptDataError(path, start, f"header is not a Python literal: {e}") from None
     if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
-        raise CorruptDataError(path, start, f"header must hold descr, fortran_order and shape, not {d!r:.200}")
+        raise CorruptDataError(
+            path, start, f"header must hold descr, fortran_order and shape, not {d!r:.200}"
+        )
     shape, fortran = d["shape"], d["fortran_order"]
     if not isinstance(shape, tuple) or not all(isinstance(s, int) and s >= 0 for s in shape):
         raise CorruptDataError(path, start, f"bad shape {shape!r:.100}")
@@ -106,13 +112,15 @@ def _check_rows(path: str, h: NpyHeader, size: int) -> int:
     """Refuse what has no contiguous fixed-size rows; return the row size in bytes."""
     if h.dtype.hasobject:
         raise UnsupportedFormatError(
-            path, f"object dtype {h.dtype} (pickled Python objects) has no raw bytes to read; "
-            "save a numeric array"
+            path,
+            f"object dtype {h.dtype} (pickled Python objects) has no raw bytes to read; "
+            "save a numeric array",
         )
     if h.fortran_order and len(h.shape) > 1:
         raise UnsupportedFormatError(
-            path, f"Fortran-order array of shape {h.shape}: rows are not contiguous; "
-            "re-save with np.save(path, np.ascontiguousarray(a))"
+            path,
+            f"Fortran-order array of shape {h.shape}: rows are not contiguous; "
+            "re-save with np.save(path, np.ascontiguousarray(a))",
         )
     if len(h.shape) == 0:
         raise UnsupportedFormatError(path, "0-d array: no rows to use as samples")
@@ -135,7 +143,9 @@ class ArrayDecoder(Decoder):
     Shared by the npy and HDF5 formats. Without *out* the result is a view of *raw*.
     """
 
-    def __init__(self, sample_shape: tuple[int, ...], dtype: np.dtype, labels: np.ndarray | None) -> None:
+    def __init__(
+        self, sample_shape: tuple[int, ...], dtype: np.dtype, labels: np.ndarray | None
+    ) -> None:
         self.sample_shape = tuple(int(s) for s in sample_shape)
         self.dtype = np.dtype(dtype)
         self._row = math.prod(self.sample_shape) * self.dtype.itemsize

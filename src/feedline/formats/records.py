@@ -46,7 +46,9 @@ def pread_exact(fd: int, n: int, offset: int, path: str) -> bytes:
 def _int_option(options: dict[str, Any], name: str, default: int | None, minimum: int) -> int:
     value = options.get(name, default)
     if value is None:
-        raise ConfigError(f"format 'records' needs {name}= (bytes per record, e.g. 3073 for CIFAR-10)")
+        raise ConfigError(
+            f"format 'records' needs {name}= (bytes per record, e.g. 3073 for CIFAR-10)"
+        )
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise ConfigError(f"{name} must be an integer, not {value!r}")
     if value < minimum:
@@ -147,7 +149,7 @@ class RecordsFormat(Format):
     def describe(self, index: Index) -> dict[str, Any]:
         info = dict(index.meta)
         if index.labels is not None and len(index.labels):
-            info["label_classes"] = int(len(np.unique(index.labels)))
+            info["label_classes"] = len(np.unique(index.labels))
         return info
 
 

@@ -93,8 +93,9 @@ class TFRecordFormat(Format):
                 magic = f.read(2)
             if magic == b"\x1f\x8b":
                 raise UnsupportedFormatError(
-                    path, "GZIP-compressed TFRecord; feedline reads uncompressed TFRecords "
-                    "(decompress with gunzip, or write with compression_type=None)"
+                    path,
+                    "GZIP-compressed TFRecord; feedline reads uncompressed TFRecords "
+                    "(decompress with gunzip, or write with compression_type=None)",
                 )
             offs, lens, r, b = _core.scan_tfrecord(path, self.buffer_bytes, self.verify)
             file_ids.append(np.full(len(offs), fid, dtype=np.int32))
