@@ -143,3 +143,36 @@ def test_resume_at_other_world_sizes_with_emulated_nodes(made, tmp_path):
         )
         assert mid[key]["state"]["chain"] == [[2, 2, 0], [4, 2, 2]]
         assert sorted({x[1] for rank in tail[key]["ranks"] for x in rank}) == [4, 5]
+
+
+def test_node_aggregation_matches_direct_and_shares_errors(made, tmp_path):
+    """feedline on 4 ranks / 2 emulated nodes aggregates reads per node (a node window);
+    it delivers the same bytes as every rank reading for itself, over several windows."""
+    data = ",".join([made["cifar10-large"], made["neuron-inverter"]])
+    args = ("--data", data, "--presets", "feedline", "--epochs", "2", "--memory-cap", "1500000")
+    node = mpirun(4, tmp_path / "node.json", *args, nodes=2)
+    direct = mpirun(4, tmp_path / "direct.json", *args, "--source", "direct", nodes=2)
+    for key in node:
+        assert node[key]["source"] == "node" and direct[key]["source"] == "direct"
+        assert node[key]["ranks"] == direct[key]["ranks"]
+    check_once(
+        {
+            k: {**v, "ranks": [[x for x in r if x[0] == 0] for r in v["ranks"]]}
+            for k, v in node.items()
+        },
+        4,
+    )
+    # a reader's I/O error is raised on every rank of its node, typed, without a hang
+    bad = generate("cifar10-bin", str(tmp_path / "bad"), samples=60, progress=False)
+    env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1", FEEDLINE_NODES="1")
+    cmd = [
+        mpiexec_command(),
+        "-n",
+        "3",
+        sys.executable,
+        os.path.join(HERE, "mpi", "loader_node_error.py"),
+        bad,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("NODE-ERROR-OK") == 3, proc.stdout

@@ -141,6 +141,15 @@ class Loader:
         self._index = dataset.index
         self.n = len(self._index)
         self._source_name = source_name_for(self.preset, explicit_source)
+        if (
+            explicit_source is None
+            and self.preset == "feedline"
+            and self.world.dist is not None
+            and self.world.ranks_per_node > 1
+        ):
+            self._source_name = "node"  # aggregate reads per node when a node has peers
+        if self._source_name == "node" and self.world.dist is None:
+            raise ConfigError("source='node' needs an MPI world (launch with mpiexec)")
         self.strategy: Strategy = self._make_strategy(get_strategy(preset), knobs)
         self.memory_cap = self._resolve_cap(memory_cap)
         ctx = SourceContext(
@@ -193,8 +202,10 @@ class Loader:
         if self._source_name == "direct" and st.aggregated:
             # node aggregation needs the node source (MPI windows); direct reads per rank
             st = st.replace(readers_per_node=0)
-        if st.stagger and self._source_name == "direct":
-            st = st.replace(stagger=0)  # token passing needs MPI; direct ranks read freely
+        if st.stagger:
+            st = st.replace(stagger=0)  # token passing is the LMDBIO sources' (not yet here)
+        if self._source_name == "node" and not st.aggregated:
+            st = st.replace(readers_per_node=None)  # LMDBIO's rule: 1 reader <= 16 ranks
         return st
 
     def _resolve_cap(self, memory_cap) -> int:
@@ -224,7 +235,7 @@ class Loader:
             epoch,
             self.batch_size,
             self.drop_last,
-            memory_cap=self.memory_cap,
+            memory_cap=self._read_cap(),
         )
         for p, m, s in chain[1:]:
             plan = plan.resume(s, WorldSpec(p, m))
@@ -233,18 +244,24 @@ class Loader:
             plan = plan.resume(first_step, here)
         return plan
 
+    def _fixed_memory(self) -> dict[str, int]:
+        """Bytes per node outside the source: read-ahead batches and the index."""
+        sub = -(-self.batch_size // self.world.size)
+        max_len = int(self._index.lengths.max()) if self.n else 0
+        depth = 0 if SOURCES[self._source_name].threaded else int(self.strategy.prefetch_depth)
+        decoded = 2 if self.decode else 1  # raw bytes and their decoded copy
+        rpn = self.world.ranks_per_node
+        return {"batches": rpn * (depth + 1) * sub * max_len * decoded, "index": 20 * self.n}
+
+    def _read_cap(self) -> int:
+        """What is left of the node's cap for read buffers (the planner sizes windows in it)."""
+        return max(1, self.memory_cap - sum(self._fixed_memory().values()))
+
     def memory_estimate(self) -> dict[str, int]:
         """Bytes per node this configuration holds at most, by part."""
         plan = self._plan(self._epoch)
-        per_rank_batch = -(-self.batch_size // self.world.size) * int(plan.records.max_length)
-        depth = 0 if self._source.threaded else int(self.strategy.prefetch_depth)
-        decoded = 2 if self.decode else 1
-        rpn = self.world.ranks_per_node
-        parts = {
-            "source": rpn * self._source.memory_bytes(plan),
-            "batches": rpn * (depth + 1) * per_rank_batch * decoded,
-            "index": 20 * self.n,
-        }
+        parts = {"source": self.world.ranks_per_node * self._source.memory_bytes(plan)}
+        parts.update(self._fixed_memory())
         parts["total"] = sum(parts.values())
         return parts
 

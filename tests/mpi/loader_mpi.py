@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--stop", type=int, default=-1)
     ap.add_argument("--state", default=None)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--source", default=None, help="force a source (node, direct, ...)")
+    ap.add_argument("--memory-cap", default=None)
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     results = {}
@@ -44,7 +46,10 @@ def main() -> None:
         for preset in a.presets.split(","):
             rec = []
             state = None
-            with Loader(ds, a.batch, preset=preset, seed=5, buffer=8) as ld:
+            kw = {"source": a.source} if a.source else {}
+            with Loader(
+                ds, a.batch, preset=preset, seed=5, buffer=8, memory_cap=a.memory_cap, **kw
+            ) as ld:
                 assert ld.world.size == comm.Get_size() and ld.world.rank == comm.Get_rank()
                 if a.state:
                     with open(a.state) as f:
@@ -69,6 +74,7 @@ def main() -> None:
                 "steps": steps,
                 "n": len(ds),
                 "nodes": ld.world.nodes,
+                "source": stats["source"],
                 "exposed_io_s": comm.allgather(stats["exposed_io_s"]),
             }
     if comm.Get_rank() == 0:
