@@ -7,6 +7,7 @@ for wire formats, Pillow for JPEG Datums.
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
@@ -451,3 +452,37 @@ def test_cifar_200k_is_fast(tmp_path):
     res = run("cifar10-large", tmp_path / "big", samples=200_000, seed=0)
     assert res.samples == 200_000
     assert res.seconds < 60, res.summary()
+
+
+_MPI_PROGRESS = """
+import io, sys
+from feedline.progress import process_rank, should_show
+env_rank, env_show = process_rank(), should_show(True, io.StringIO())
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+got = comm.allgather((env_rank, env_show, process_rank(), should_show(True, io.StringIO())))
+if comm.rank == 0:
+    print("RESULT", got)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 3])
+def test_progress_shows_on_rank_zero_only_under_mpiexec(n):
+    import shutil
+    import subprocess
+    import sys
+
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("mpiexec not installed")
+    r = subprocess.run(
+        [mpiexec, "-n", str(n), sys.executable, "-c", _MPI_PROGRESS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    got = ast.literal_eval(r.stdout.split("RESULT", 1)[1].strip())
+    assert got == [(k, k == 0, k, k == 0) for k in range(n)]
