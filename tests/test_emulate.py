@@ -216,7 +216,7 @@ def test_every_request_pays_its_modelled_cost(src, tmp_path):
     # 64 KiB stripes over 4 servers, 256 KiB direct reads: each request spans all four
     # servers in parallel; the server (not the link) is the bottleneck.
     params = EmulatorParams(
-        latency_us=200,
+        latency_us=1000,
         node_mbps=1500,
         aggregate_mbps=3000,
         server_mbps=300,
@@ -260,10 +260,11 @@ def test_every_request_pays_its_modelled_cost(src, tmp_path):
             assert stats["seeks"] == params.servers  # one per server, then sequential
             assert stats["direct_requests"] == len(reqs)
             assert stats["per_node"][node]["requests"] == len(reqs)
-            # wall time follows the model (wide tolerance: a shared 2-core machine)
+            # wall time follows the model: never faster, and not much slower (a wide
+            # tolerance, for a shared 2-core machine)
             modelled = sum(expect)
             assert wall >= 0.95 * modelled
-            assert wall <= 2.0 * modelled + 0.05
+            assert wall <= 3.0 * modelled + 0.1
 
 
 @pytest.mark.fuse

@@ -129,6 +129,10 @@ std::string Accounting::requests_jsonl() const {
       recs.insert(recs.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(head));
     }
   }
+  // Completion order is not arrival order (a worker may be preempted between its reply
+  // and its record); the log reads in arrival order.
+  std::stable_sort(recs.begin(), recs.end(),
+                   [](const RequestRecord& a, const RequestRecord& b) { return a.arrival < b.arrival; });
   std::vector<std::string> names;
   {
     std::lock_guard lock(files_mu_);

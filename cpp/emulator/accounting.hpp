@@ -44,7 +44,7 @@ class Accounting {
 
   /// Totals as a JSON object body fragment: "per_node": [...], "total": {...}, ...
   std::string totals_json() const;
-  /// The request log, oldest first, one JSON object per line.
+  /// The request log in arrival order, one JSON object per line.
   std::string requests_jsonl() const;
 
  private:

@@ -557,7 +557,7 @@ void CopyCost::record(std::size_t bytes, double seconds) {
 
 double CopyCost::predict(std::size_t bytes) const {
   std::lock_guard lock(mu_);
-  if (count_ == 0) return 0;
+  if (count_ < kMinSamples) return 0;
   const std::size_t n = std::min(count_, kWindow);
   const double best = *std::min_element(per_byte_, per_byte_ + n);
   return best * static_cast<double>(bytes);
@@ -699,6 +699,7 @@ std::string Filesystem::stats_json() {
                     ", \"nodes\": " + std::to_string(opts_.nodes) +
                     ", \"uptime_s\": " + std::to_string(now()) +
                     ", \"effective_readahead_kib\": " + std::to_string(effective_readahead_kib_) +
+                    ", \"reply_copy_us_per_mib\": " + std::to_string(copy_cost.predict(1u << 20) * 1e6) +
                     ", \"params\": " + params + ", " + accounting.totals_json() + "}\n";
   return out;
 }

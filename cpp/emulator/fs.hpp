@@ -23,17 +23,19 @@ namespace feedline::emulator {
 
 /// Predicts how long a reply's copy into the kernel takes, so that a worker can wake
 /// that much before a deadline and the client sees the data at the deadline. Uses the
-/// fastest per-byte cost among recent large replies: a conservative guess, so a reply
+/// fastest per-byte cost among the last 128 large replies, and nothing until 8 were
+/// seen: a conservative guess (a preempted copy only makes a sample slower), so a reply
 /// almost never completes before its deadline.
 class CopyCost {
  public:
   /// Record a reply of @p bytes that took @p seconds.
   void record(std::size_t bytes, double seconds);
-  /// Predicted seconds for a reply of @p bytes (0 until large replies were seen).
+  /// Predicted seconds for a reply of @p bytes (0 until enough large replies were seen).
   double predict(std::size_t bytes) const;
 
  private:
-  static constexpr std::size_t kWindow = 32;
+  static constexpr std::size_t kWindow = 128;
+  static constexpr std::size_t kMinSamples = 8;
   static constexpr std::size_t kMinBytes = 64 * 1024;  // smaller replies: fixed costs dominate
   mutable std::mutex mu_;
   double per_byte_[kWindow] = {};

@@ -412,7 +412,7 @@ class Emulator:
         return {**total, **info}
 
     def requests(self) -> list[dict[str, Any]]:
-        """The logged requests (the most recent ``log_requests``), oldest first: node,
+        """The logged requests (the most recent ``log_requests``) in arrival order: node,
         file (relative to the source), offset, size, arrival_s, modelled_s, service_s,
         seeks, direct."""
         with open(os.path.join(self.mountpoint, REQUESTS_FILE)) as f:
