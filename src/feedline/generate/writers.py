@@ -147,7 +147,7 @@ def write_lmdb(job: Job) -> dict[str, Any]:
         max_dbs=0,
     )
     commits = 0
-    sizes = np.empty(job.n, dtype=np.int64)
+    lo_size, hi_size = 1 << 62, 0  # running extremes: no per-record array at 50 M records
     try:
         pending: list[tuple[bytes, bytes]] = []
         for a, b in job.batches(synth.nbytes):
@@ -158,7 +158,7 @@ def write_lmdb(job: Job) -> dict[str, Any]:
                     val = encode_datum(0, 0, 0, _jpeg(imgs[k], quality), lab, encoded=True)
                 else:
                     val = prefix + imgs[k].tobytes() + suffixes[lab]
-                sizes[a + k] = len(val)
+                lo_size, hi_size = min(lo_size, len(val)), max(hi_size, len(val))
                 pending.append((b"%08d" % (a + k), val))
                 if len(pending) == commit_every:
                     _commit(env, pending)
@@ -179,8 +179,8 @@ def write_lmdb(job: Job) -> dict[str, Any]:
         files=["data.mdb"],
         open_options={},
         record="Caffe Datum" + (" (encoded JPEG)" if encoded else ""),
-        record_bytes_min=int(sizes.min()),
-        record_bytes_max=int(sizes.max()),
+        record_bytes_min=lo_size,
+        record_bytes_max=hi_size,
         provenance={
             # LMDBIO §4.4: what a seek-free reader needs to recompute record offsets
             "writer": "py-lmdb "
@@ -365,7 +365,7 @@ def write_tfrecord(job: Job) -> dict[str, Any]:
         raise ConfigError(f"payload must be 'raw' or 'example', not {payload!r}")
     parts = _split(job.n, int(job.opts["files"]))
     files = []
-    sizes = []
+    lo_size, hi_size = 1 << 62, 0
     for f_i, (lo, hi) in enumerate(parts):
         name = f"train-{f_i:05d}-of-{len(parts):05d}.tfrecord"
         with open(os.path.join(job.out, name), "wb") as f:
@@ -380,7 +380,8 @@ def write_tfrecord(job: Job) -> dict[str, Any]:
                         _example(imgs[k].tobytes(), int(labels[k]), synth.shape)
                         for k in range(b - a)
                     ]
-                sizes.extend(len(p) for p in pays)
+                lens = [len(p) for p in pays]
+                lo_size, hi_size = min(lo_size, *lens), max(hi_size, *lens)
                 f.write(_frames(pays))
                 job.bar.update(b - a)
         files.append(name)
@@ -395,8 +396,8 @@ def write_tfrecord(job: Job) -> dict[str, Any]:
             if payload == "raw"
             else "tf.train.Example {image: bytes (C, H, W), label: int64, shape: int64[3]}"
         ),
-        record_bytes_min=int(min(sizes)),
-        record_bytes_max=int(max(sizes)),
+        record_bytes_min=lo_size,
+        record_bytes_max=hi_size,
     )
     return facts
 
