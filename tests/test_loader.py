@@ -249,6 +249,7 @@ def test_stats_report_io_and_exposure(records):
     assert st["samples"] == 300 and st["payload_bytes"] == 300 * 24 and st["steps"] == 10
     assert st["exposed_io_s"] > 0 and st["peak_rss_bytes"] > 0
     assert st["ctx_switches_voluntary"] >= 0
+    assert st["rl"] > 0.99  # a full shuffle (DeepIO's randomization level)
     with Loader(ds, 30, preset="async", buffer=60, seed=4) as ld:
         run_epoch(ld)
         st = ld.stats()

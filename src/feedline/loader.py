@@ -168,6 +168,7 @@ class Loader:
         self._chain: list[list[int]] = [[self.world.size, self.world.nodes, 0]]
         self._run: EpochRun | None = None
         self._run_first = 0
+        self._rl: float | None = None
         self._resumed = False
         self._fingerprint: str | None = None
         self._lock = threading.Lock()
@@ -469,6 +470,15 @@ class Loader:
             "ctx_switches_involuntary": int(ru.ru_nivcsw - self._ru0.ru_nivcsw),
             "memory_cap_bytes": self.memory_cap,
         }
+        if self._rl is None:  # DeepIO's randomization level of this strategy's orders
+            try:
+                from .plan.rl import rl_of_strategy
+
+                self._rl = float(rl_of_strategy(self.n, self.strategy))
+            except (ImportError, ConfigError, ValueError):
+                self._rl = float("nan")
+        if self._rl == self._rl:  # not NaN
+            out["rl"] = self._rl
         with contextlib.suppress(ConfigError):  # pragma: no cover - checked at construction
             out["memory_estimate_bytes"] = self.memory_estimate()["total"]
         for k, v in self._source.stats().items():
