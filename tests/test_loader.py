@@ -299,3 +299,18 @@ def test_torchrun_without_mpi_is_refused(records, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ConfigError, match="torchrun"):
         Loader(ds, 10)
+
+
+def test_environment_overrides_defaults(records, monkeypatch):
+    ds, _ = records
+    monkeypatch.setenv("FEEDLINE_ASYNC_BUFFER", "25")
+    monkeypatch.setenv("FEEDLINE_PREFETCH_DEPTH", "3")
+    monkeypatch.setenv("FEEDLINE_WORKERS", "2")
+    with Loader(ds, 30, preset="async", seed=1) as ld:
+        run_epoch(ld)
+        assert ld.stats()["group_reads"] == 12  # 300 samples in groups of 25
+    with Loader(ds, 30, preset="feedline") as ld, Loader(ds, 30, preset="tf") as tf:
+        assert ld.strategy.prefetch_depth == 3 and ld.options.workers == 2
+        assert tf.strategy.prefetch_depth == 0  # TF's baseline never prefetches
+    with Loader(ds, 30, preset="feedline", prefetch_depth=1, workers=1) as ld:
+        assert ld.strategy.prefetch_depth == 1 and ld.options.workers == 1  # arguments win
