@@ -162,3 +162,10 @@ def test_inspect_runs_as_a_program(made):
     )
     assert r.returncode == 0, r.stderr
     assert "format     npy" in r.stdout
+
+
+def test_missing_path_is_an_error_not_a_crash(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nope")]) == 1
+    assert "nope" in capsys.readouterr().err
+    assert main(["index", str(tmp_path / "nope.h5")]) == 1
+    assert "nope.h5" in capsys.readouterr().err

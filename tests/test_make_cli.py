@@ -121,3 +121,10 @@ def test_make_runs_as_a_program(tmp_path):
     assert "tfrecord: 12 samples" in r.stdout
     assert "make tfrecord" in r.stderr  # the progress bar went to stderr
     assert len([f for f in os.listdir(out) if f.endswith(".tfrecord")]) == 4
+
+
+def test_unwritable_output_is_an_error_not_a_crash(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["make", "npy", "-n", "5", "-o", str(blocker / "sub"), "--no-progress"]) == 1
+    assert "cannot write" in capsys.readouterr().err

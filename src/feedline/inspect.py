@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from .dataset import Dataset, open_dataset
+from .errors import ConfigError
 from .generate import read_manifest
 
 # option name -> (flag, type, help): the open_dataset options both commands accept
@@ -100,7 +101,10 @@ def open_from_args(
         fmt = manifest.get("format")
         options.update(manifest.get("open_options") or {})
     options.update({k: getattr(args, k) for k in OPEN_OPTIONS if getattr(args, k) is not None})
-    ds = open_dataset(path, format=fmt, sidecar=sidecar, **options)
+    try:
+        ds = open_dataset(path, format=fmt, sidecar=sidecar, **options)
+    except FileNotFoundError as e:  # a user's typo, not a crash: report it like other errors
+        raise ConfigError(str(e.args[0] if e.args else e)) from None
     return ds, manifest
 
 

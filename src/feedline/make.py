@@ -157,16 +157,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     spec = SPECS[args.spec]
     kw = {o.name: getattr(args, o.name) for o in spec.options if getattr(args, o.name) is not None}
-    res: Result = run(
-        spec.name,
-        args.out,
-        args.samples,
-        args.seed,
-        args.shuffle,
-        force=args.force,
-        show_progress=False if args.no_progress else None,
-        **kw,
-    )
+    try:
+        res: Result = run(
+            spec.name,
+            args.out,
+            args.samples,
+            args.seed,
+            args.shuffle,
+            force=args.force,
+            show_progress=False if args.no_progress else None,
+            **kw,
+        )
+    except OSError as e:  # unwritable or full output: a message, not a traceback
+        print(f"feedline: error: cannot write {args.out}: {e}", file=sys.stderr)
+        return 1
     print(res.summary())
     sys.stdout.flush()
     return 0
