@@ -13,11 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
-from loader_common import make_records
+from loader_common import make_records  # noqa: E402
 
-from feedline import ConfigError
-from feedline.pipeline.world import LoaderWorld
-from feedline.torch import FeedlineDataset, torch_world
+from feedline import ConfigError  # noqa: E402
+from feedline.pipeline.world import LoaderWorld  # noqa: E402
+from feedline.torch import FeedlineDataset, torch_world  # noqa: E402
 
 
 @pytest.fixture
