@@ -232,6 +232,7 @@ def test_first_record_corrupt(tmp_path):
     assert e.value.offset == idx.offsets[0]
 
 
+@pytest.mark.timeout(120)
 def test_garbage_never_crashes(tmp_path):
     rng = np.random.default_rng(4)
     good = datum(1, 2, 2, b"abcd", 1)
