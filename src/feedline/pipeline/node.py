@@ -161,8 +161,9 @@ class NodeWindowSource(Source):
                 self._pending.result()  # never free memory the engine still writes
             self._pending = None
         if self._shm is not None:
-            self._shm.free()  # collective over the node
-            self._shm = None
+            shm, self._shm = self._shm, None
+            if not _mpi_finalized():  # at interpreter exit MPI may already be gone
+                shm.free()  # collective over the node
 
     def memory_bytes(self, plan) -> int:
         from ..plan.reads import window_steps
@@ -188,6 +189,12 @@ class NodeWindowSource(Source):
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+
+def _mpi_finalized() -> bool:
+    from mpi4py import MPI
+
+    return bool(MPI.Is_finalized())
 
 
 register_source(NodeWindowSource)
