@@ -27,6 +27,7 @@ ASSIGNMENT_STRATEGIES = [
     Strategy(assignment="strided"),
     Strategy(assignment="skip"),
     Strategy(assignment="contiguous"),
+    Strategy(assignment="contiguous", region="node"),
     Strategy(assignment="global"),
     Strategy(assignment="chunk", chunk=3),
     Strategy(assignment="chunk", chunk=5, chunk_layout="rank"),
@@ -49,8 +50,18 @@ def jobs(draw, max_n=300):
 
 
 def delivered(plan):
-    """Every (step, rank) sub-batch, from the per-rank API."""
-    return [[plan.samples(r, s) for r in range(plan.world.size)] for s in range(plan.num_steps)]
+    """Every (step, rank) sub-batch: whole steps cut at the sub-batch bounds, checked
+    against the per-rank API on a spread of (rank, step) pairs."""
+    B, P = plan.batch_size, plan.world.size
+    out = []
+    for s in range(plan.num_steps):
+        ids = plan.ids_at(np.arange(s * B, s * B + plan.step_len(s)))
+        b = sub_batch_bounds(len(ids), P)
+        out.append([ids[b[r] : b[r + 1]] for r in range(P)])
+    for s in {0, plan.num_steps // 2, plan.num_steps - 1} if plan.num_steps else ():
+        for r in {0, P // 3, P - 1}:
+            assert np.array_equal(plan.samples(r, s), out[s][r])
+    return out
 
 
 # ------------------------------------------------------------------ arithmetic
@@ -85,7 +96,7 @@ def test_keyed_permutation_is_a_bijection(n, seed, inverse):
 
 
 @pytest.mark.parametrize(
-    "strategy", ASSIGNMENT_STRATEGIES, ids=lambda s: f"{s.assignment}-{s.chunk_layout}"
+    "strategy", ASSIGNMENT_STRATEGIES, ids=lambda s: f"{s.assignment}-{s.chunk_layout}-{s.region}"
 )
 @given(job=jobs(), seed=st.integers(0, 2**40), epoch=st.integers(0, 1000))
 @settings(max_examples=40)
@@ -125,7 +136,7 @@ def test_exactly_once_and_equal_steps(strategy, job, seed, epoch):
 
 
 @pytest.mark.parametrize(
-    "strategy", ASSIGNMENT_STRATEGIES, ids=lambda s: f"{s.assignment}-{s.chunk_layout}"
+    "strategy", ASSIGNMENT_STRATEGIES, ids=lambda s: f"{s.assignment}-{s.chunk_layout}-{s.region}"
 )
 @given(
     n=st.integers(1, 200),
@@ -203,7 +214,7 @@ def test_circular_wraps_like_caffe():
 
 
 @pytest.mark.parametrize(
-    "strategy", ASSIGNMENT_STRATEGIES, ids=lambda s: f"{s.assignment}-{s.chunk_layout}"
+    "strategy", ASSIGNMENT_STRATEGIES, ids=lambda s: f"{s.assignment}-{s.chunk_layout}-{s.region}"
 )
 @given(job=jobs(max_n=200), P2=st.integers(1, 64), data=st.data())
 @settings(max_examples=25)

@@ -8,6 +8,8 @@ offset o) to a position q of the assignment's base sequence Q, in O(1) per posit
 - ``row``: q = p (strided, global, memory).
 - ``skip``: within each step, rank r takes q = s·B + r + P·j (read one, skip P-1).
 - ``rank``: rank r owns the contiguous range of Q it consumes over the epoch.
+- ``node``: node m owns one contiguous range of Q, consumed step by step (its ranks'
+  sub-batches in rank order), so a node's future steps are one contiguous run.
 - ``column``: column c of the batch reads its own contiguous run of Q, one per step;
   independent of P.
 """
@@ -18,7 +20,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-LAYOUTS = ("row", "skip", "rank", "column")
+LAYOUTS = ("row", "skip", "rank", "node", "column")
 
 
 def num_steps(n: int, batch_size: int, drop_last: bool = False) -> int:
@@ -66,8 +68,10 @@ class Geometry:
     ``drop_last`` (the tail dropped).
     """
 
-    def __init__(self, n: int, batch_size: int, P: int, *, drop_last: bool, circular: bool) -> None:
-        self.n, self.B, self.P = n, batch_size, P
+    def __init__(
+        self, n: int, batch_size: int, P: int, *, drop_last: bool, circular: bool, nodes: int = 1
+    ) -> None:
+        self.n, self.B, self.P, self.M = n, batch_size, P, nodes
         self.steps = num_steps(n, batch_size, drop_last)
         self.total = self.steps * batch_size if (circular or drop_last) else n
         self.last = self.total - (self.steps - 1) * batch_size if self.steps else 0
@@ -97,6 +101,14 @@ class Geometry:
             full = B // P + (r < B % P)
             start = (S - 1) * _bound(B, P, r) + _bound(self.last, P, r)
             return start + s * full + j
+        if layout == "node":
+            r, _ = _rank_of(o, self.step_len(s), P)
+            node = r * self.M // P
+            a = -(-node * P // self.M)  # first rank of the node
+            b = -(-(node + 1) * P // self.M)
+            start = (S - 1) * _bound(B, P, a) + _bound(self.last, P, a)
+            per_step = _bound(B, P, b) - _bound(B, P, a)
+            return start + s * per_step + (o - _bound(self.step_len(s), P, a))
         if layout == "column":
             col_start = o * (S - 1) + np.minimum(o, self.last)
             return col_start + s

@@ -175,7 +175,7 @@ class Plan:
         world = world or self.world
         if not 0 <= step <= self.num_steps:
             raise StateError(f"cannot resume at step {step}: the epoch has {self.num_steps} steps")
-        same = world.size == self.world.size or get_assignment(
+        same = (world.size, world.nodes) == (self.world.size, self.world.nodes) or get_assignment(
             self.strategy.assignment
         ).world_independent(self.strategy)
         geo = Geometry(
@@ -184,6 +184,7 @@ class Plan:
             world.size,
             drop_last=self.drop_last,
             circular=self.strategy.circular,
+            nodes=world.nodes,
         )
         if same or isinstance(self._stream, _Shifted):
             stream, layout = self._stream, self._layout
@@ -296,7 +297,14 @@ def make_plan(
     a = get_assignment(strategy.assignment)
     key = epoch_key(int(seed), int(epoch), strategy.assignment)
     n = records.n
-    geo = Geometry(n, batch_size, world.size, drop_last=drop_last, circular=strategy.circular)
+    geo = Geometry(
+        n,
+        batch_size,
+        world.size,
+        drop_last=drop_last,
+        circular=strategy.circular,
+        nodes=world.nodes,
+    )
     return Plan(
         records=records,
         world=world,

@@ -8,7 +8,8 @@ reader reaches ``coalesce_bytes``, capped so that a window's worst-case span (ho
 included) fits half the node's memory cap (one window consumed while the next is read).
 A window's samples are sorted by location, split among the unit's k readers into
 contiguous byte ranges, and merged into extents across holes of at most
-``coalesce_gap`` bytes. Each operation says which samples land in which step's buffer
+``coalesce_gap`` bytes (also without coalescing; never with ``sample_reads``). The
+async-I/O presets (chunk, rank layout) use windows of one group's worth of steps. Each operation says which samples land in which step's buffer
 slot and at which byte of the operation's buffer, and which steps it serves (the buffer's
 lifetime).
 """
@@ -126,9 +127,24 @@ def window_steps(plan: Plan) -> int:
             f"({worst_step} bytes per {'node' if s.aggregated else 'rank'} and step at worst): "
             "raise memory_cap or lower the batch size"
         )
+    w_cap = cap // max(worst_step, 1)
+    if s.assignment == "chunk" and s.chunk_layout == "rank" and not s.coalesce_bytes:
+        # the async-I/O paper's I/O thread reads one whole group per read (§III)
+        from .assign_chunk import chunk_size
+
+        g = chunk_size(plan.n, s)
+        return int(
+            max(
+                1,
+                min(
+                    w_cap,
+                    -(-g // max(1, plan.batch_size // plan.world.size)),
+                    max(plan.num_steps, 1),
+                ),
+            )
+        )
     if s.coalesce_bytes <= 0 or s.sample_reads:
         return 1
-    w_cap = cap // max(worst_step, 1)
     mean_step = max(mean_unit * plan.records.mean_length, 1.0)
     w_target = int(np.ceil(k * s.coalesce_bytes / mean_step))
     return int(max(1, min(w_cap, w_target, max(plan.num_steps, 1))))
@@ -206,8 +222,7 @@ def window_ops(plan: Plan, unit: int, readers: list[int], r: int, steps: range) 
         part = np.minimum((mid * k // max(float(ln.sum()), 1.0)).astype(np.int64), k - 1)
     else:
         part = np.zeros(len(ids), dtype=np.int64)
-    coalescing = s.coalesce_bytes > 0 and not s.sample_reads
-    gap = s.coalesce_gap if coalescing else 0
+    gap = 0 if s.sample_reads else s.coalesce_gap
     ops = []
     cuts = np.searchsorted(part, np.arange(k + 1))
     room = max(window_cap(plan) - int(ln.sum()), 0) // k

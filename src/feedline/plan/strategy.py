@@ -16,6 +16,7 @@ from ..errors import ConfigError
 
 Assignment = Literal["strided", "skip", "contiguous", "global", "chunk", "memory"]
 ChunkLayout = Literal["column", "rank"]
+Region = Literal["rank", "node"]
 Locate = Literal["seek", "speculative", "index"]
 ReadMethod = Literal["mmap", "pread", "odirect"]
 Store = Literal["off", "ordered", "opportunistic", "auto"]
@@ -40,6 +41,10 @@ class Strategy:
         sample per step per batch column (feedline). ``rank``: each rank owns a
         contiguous share of the shuffled groups, exactly the async-I/O paper's pattern
         (depends on the world size).
+    region : {"rank", "node"}
+        ``contiguous`` only: one region per rank (MPI-Caffe) or per node, consumed step by
+        step by the node's ranks, so that a node's future steps are one contiguous run
+        (what LMDBIO's coalesced reads need, §4.5).
     memory_fraction : float
         DeepIO's R: the fraction of the dataset held in memory per round (``memory``).
     readers_per_node : int or None
@@ -54,7 +59,8 @@ class Strategy:
         Merge the extents of future steps into reads of at least this many bytes,
         under the memory cap; 0 disables coalescing.
     coalesce_gap : int
-        Largest hole (bytes) read through when merging neighbouring extents.
+        Largest hole (bytes) read through when merging neighbouring extents (e.g. LMDB
+        page headers between records).
     sample_reads : bool
         One read per sample, never merging neighbours (TF's per-sample reads).
     stagger : int
@@ -80,6 +86,7 @@ class Strategy:
     assignment: Assignment = "strided"
     chunk: int = 0
     chunk_layout: ChunkLayout = "column"
+    region: Region = "rank"
     memory_fraction: float = 1.0
     readers_per_node: int | None = 0
     locate: Locate = "index"
@@ -102,6 +109,8 @@ class Strategy:
             )
         if self.chunk_layout not in ("column", "rank"):
             raise ConfigError(f"chunk_layout must be 'column' or 'rank', not {self.chunk_layout!r}")
+        if self.region not in ("rank", "node"):
+            raise ConfigError(f"region must be 'rank' or 'node', not {self.region!r}")
         if self.locate not in ("seek", "speculative", "index"):
             raise ConfigError(f"locate must be seek, speculative or index, not {self.locate!r}")
         if self.read not in ("mmap", "pread", "odirect"):
@@ -161,6 +170,14 @@ class Strategy:
 
 _LMM = Strategy(assignment="strided", readers_per_node=None, locate="seek", read="mmap")
 _COAL = 8 * _MiB
+_COALESCED = _LMM.replace(
+    assignment="contiguous",
+    region="node",
+    locate="index",
+    read="pread",
+    coalesce_bytes=_COAL,
+    coalesce_gap=64 << 10,
+)
 
 #: Every preset of DESIGN.md, with the paper row it reproduces (also in PRESET_DOCS).
 PRESETS: dict[str, Strategy] = {
@@ -171,12 +188,10 @@ PRESETS: dict[str, Strategy] = {
     "lmm-dm": _LMM.replace(locate="speculative"),
     "lmm-dio": _LMM.replace(read="pread"),
     "lmm-dio-prov": _LMM.replace(locate="index", read="pread"),
-    "lmm-dio-prov-coal": _LMM.replace(
-        locate="index", read="pread", coalesce_bytes=_COAL, coalesce_gap=64 << 10
-    ),
-    "lmm-dio-prov-coal-stag": _LMM.replace(
-        locate="index", read="pread", coalesce_bytes=_COAL, coalesce_gap=64 << 10, stagger=4
-    ),
+    # COAL: each root reads one contiguous chunk holding many future steps, so a node's
+    # steps must be adjacent in the file: one region per node (§4.5).
+    "lmm-dio-prov-coal": _COALESCED,
+    "lmm-dio-prov-coal-stag": _COALESCED.replace(stagger=4),
     # MPI-Caffe on FEFS: read one, skip P-1 (original) vs one contiguous region per rank.
     "skip": Strategy(assignment="skip", locate="seek", read="mmap", own_lock=True),
     "contiguous": Strategy(assignment="contiguous", locate="seek", read="mmap", own_lock=True),
@@ -185,10 +200,20 @@ PRESETS: dict[str, Strategy] = {
     "tf": Strategy(assignment="global", sample_reads=True, read="pread"),
     "tf-pre": Strategy(assignment="global", sample_reads=True, read="pread", prefetch_depth=2),
     "async": Strategy(
-        assignment="chunk", chunk_layout="rank", read="pread", io_thread=True, prefetch_depth=1
+        assignment="chunk",
+        chunk_layout="rank",
+        read="pread",
+        coalesce_gap=4096,
+        io_thread=True,
+        prefetch_depth=1,
     ),
     "async-db": Strategy(
-        assignment="chunk", chunk_layout="rank", read="pread", io_thread=True, prefetch_depth=2
+        assignment="chunk",
+        chunk_layout="rank",
+        read="pread",
+        coalesce_gap=4096,
+        io_thread=True,
+        prefetch_depth=2,
     ),
     # DeepIO: in-memory store, global permutation over what is in memory each round.
     "deepio-ordered": Strategy(
@@ -221,7 +246,7 @@ PRESET_DOCS: dict[str, str] = {
     "lmm-dm": "LMDBIO-LMM-DM (§4.2): + portable cursors, speculative parallel prefetch",
     "lmm-dio": "LMDBIO-LMM-DIO (§4.3): one process seeks, roots read with pread",
     "lmm-dio-prov": "LMDBIO-LMM-DIO-PROV (§4.4): seek-free offsets from provenance",
-    "lmm-dio-prov-coal": "LMDBIO-...-COAL (§4.5): reads of future steps coalesced under the memory cap",
+    "lmm-dio-prov-coal": "LMDBIO-...-COAL (§4.5): one region per node; each root reads many future steps in one contiguous read under the memory cap",
     "lmm-dio-prov-coal-stag": "LMDBIO-...-STAG (§4.6): + I/O staggering by token passing",
     "skip": "MPI-Caffe original: rank r reads records r, r+P, ... (read one, skip P-1)",
     "contiguous": "MPI-Caffe improved: each rank reads its own contiguous region",

@@ -1,0 +1,151 @@
+"""``feedline plan``: the I/O plan of any preset at any world size, without I/O.
+
+    feedline plan --ranks 9216 --nodes 256 --preset all --batch 18432 \\
+        --samples 50000000 --sample-bytes 3072 --layout lmdb
+
+prints, per preset, the readers, how many read at once, bytes and operations per reader,
+the largest and smallest read, the bytes read for nothing (cursor walks of seeking
+presets, holes read through) and the randomization level. ``PATH`` plans over a real
+dataset's index instead of a synthetic layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ..errors import ConfigError
+from .plan import make_plan
+from .strategy import PRESET_DOCS, PRESETS, get_strategy
+from .world import WorldSpec
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "plan",
+        help="I/O plan statistics of presets for any world size (no I/O)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("path", nargs="?", help="dataset to plan over (its index is read)")
+    p.add_argument("--ranks", type=int, default=1, help="MPI ranks P (default 1)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes M (default 1)")
+    p.add_argument("--preset", default="all", help="preset name, comma list, or 'all' (default)")
+    p.add_argument("--batch", type=int, default=None, help="global batch (default 2 per rank)")
+    p.add_argument("--samples", type=int, default=None, help="synthetic: number of records")
+    p.add_argument("--sample-bytes", type=int, default=3072, help="synthetic: bytes per record")
+    p.add_argument(
+        "--layout", choices=("lmdb", "flat"), default="lmdb", help="synthetic file layout"
+    )
+    p.add_argument("--key-bytes", type=int, default=8, help="synthetic LMDB key length")
+    p.add_argument(
+        "--memory-cap", type=float, default=None, help="bytes per node (default: feedline's)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-' = stdout)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _records(args):
+    if args.path:
+        from ..dataset import open_dataset
+        from .records import IndexRecords
+
+        ds = open_dataset(args.path)
+        idx = ds.index
+        rec = IndexRecords.from_index(idx)
+        rec.meta = dict(idx.meta)  # type: ignore[attr-defined]  # tree facts for the seek model
+        return rec, f"{args.path} ({ds.format}, {len(idx)} records)"
+    if not args.samples:
+        raise ConfigError("give a dataset PATH or --samples N (with --sample-bytes, --layout)")
+    if args.layout == "lmdb":
+        from .lmdb_model import LmdbModel
+
+        m = LmdbModel(args.samples, args.sample_bytes, key=args.key_bytes)
+        how = "overflow pages" if m.overflow else f"{m.per_leaf} per leaf"
+        return (
+            m,
+            f"synthetic LMDB: {args.samples} x {args.sample_bytes} B ({how}, {m.file_bytes / 1e9:.1f} GB)",
+        )
+    from .records import FlatRecords
+
+    return FlatRecords(
+        args.samples, args.sample_bytes
+    ), f"flat: {args.samples} x {args.sample_bytes} B"
+
+
+def _fmt_bytes(x: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(x) < 1000 or unit == "PB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1000
+    return str(x)  # pragma: no cover
+
+
+def compute(args) -> dict[str, Any]:
+    """All figures for the command line arguments (importable for tests and the bench)."""
+    from .stats import plan_stats
+
+    records, what = _records(args)
+    world = WorldSpec(args.ranks, args.nodes)
+    batch = args.batch or 2 * args.ranks
+    names = list(PRESETS) if args.preset == "all" else [s.strip() for s in args.preset.split(",")]
+    cap = None if args.memory_cap is None else int(args.memory_cap)
+    rows = []
+    for name in names:
+        t0 = time.perf_counter()
+        plan = make_plan(
+            records, world, get_strategy(name), args.seed, args.epoch, batch, memory_cap=cap
+        )
+        row = plan_stats(plan, name)
+        row["plan_seconds"] = time.perf_counter() - t0
+        rows.append(row)
+    return {
+        "dataset": what,
+        "ranks": args.ranks,
+        "nodes": args.nodes,
+        "batch": batch,
+        "presets": rows,
+    }
+
+
+def run(args) -> int:
+    t0 = time.perf_counter()
+    out = compute(args)
+    rows = out["presets"]
+    print(
+        f"{out['dataset']}; {out['ranks']} ranks on {out['nodes']} nodes, global batch {out['batch']}"
+    )
+    head = (
+        f"{'preset':<24}{'readers':>8}{'at once':>8}{'per reader':>12}{'ops/reader':>12}"
+        f"{'largest':>10}{'smallest':>10}{'redundant':>12}{'steps/read':>11}{'RL':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(
+            f"{r['preset']:<24}{r['readers']:>8}{r['concurrent_readers']:>8}"
+            f"{_fmt_bytes(r['bytes_per_reader']):>12}{r['ops_per_reader']:>12.0f}"
+            f"{_fmt_bytes(r['largest_read']):>10}{_fmt_bytes(r['smallest_read']):>10}"
+            f"{_fmt_bytes(r['redundant_bytes_total']):>12}{r['steps_per_read']:>11}{r['rl']:>6.2f}"
+        )
+    print(
+        f"redundant = bytes read beyond the samples, all readers (cursor walks, holes read through); "
+        f"figures from {rows[0]['sampled_readers'] if rows else 0} sampled readers per preset; "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
+    if len(rows) == 1:
+        print(f"{rows[0]['preset']}: {PRESET_DOCS.get(rows[0]['preset'], '')}")
+    if args.json:
+        text = json.dumps(out, indent=1, sort_keys=True)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 0

@@ -1,0 +1,131 @@
+"""``feedline plan`` and the vectorised plan statistics behind it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feedline.cli import main
+from feedline.plan import PRESETS, FlatRecords, WorldSpec, get_strategy, make_plan
+from feedline.plan.lmdb_model import LmdbModel, nodemax
+from feedline.plan.stats import plan_stats, unit_extents
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@given(P=st.integers(1, 24), data=st.data())
+@settings(max_examples=6, deadline=None)
+def test_vectorised_extents_match_the_read_operations(preset, P, data):
+    M = data.draw(st.integers(1, P))
+    n = data.draw(st.integers(0, 400))
+    B = data.draw(st.integers(1, 64))
+    rec = LmdbModel(n, data.draw(st.sampled_from([100, 1000, 3072])))
+    s = get_strategy(preset, coalesce_bytes=PRESETS[preset].coalesce_bytes and 20_000)
+    plan = make_plan(rec, WorldSpec(P, M), s, 3, 1, B, memory_cap=1 << 24)
+    for reader in plan.readers:
+        node = plan.world.node_of(reader)
+        unit = node if s.aggregated else reader
+        ex = unit_extents(plan, unit)
+        i = plan.readers_of(node).index(reader) if s.aggregated else 0
+        mine = ex["key"] % ex["k"] == i
+        ops = plan.reads(reader)
+        assert sorted(ex["length"][mine].tolist()) == sorted(
+            x for op in ops for x in op.lengths.tolist()
+        )
+
+
+def test_stats_agree_with_the_reads_for_every_reader():
+    rec = FlatRecords(3000, 100)
+    plan = make_plan(rec, WorldSpec(8, 2), "lmm-dio-prov-coal", batch_size=64, memory_cap=1 << 20)
+    st_ = plan_stats(plan, "x", units=100)
+    ops = [plan.reads(r) for r in plan.readers]
+    assert st_["readers"] == len(plan.readers) == 2
+    assert st_["bytes_per_reader"] == pytest.approx(
+        np.mean([sum(o.nbytes for o in rd) for rd in ops])
+    )
+    assert st_["ops_per_reader"] == pytest.approx(
+        np.mean([sum(o.num_reads for o in rd) for rd in ops])
+    )
+    assert st_["largest_read"] == max(int(o.lengths.max()) for rd in ops for o in rd if o.num_reads)
+    assert st_["payload_bytes_total"] == pytest.approx(3000 * 100)
+    assert st_["redundant_bytes_total"] == 0  # flat records, no seeks
+
+
+def test_lmdb_model_matches_liblmdb_rules():
+    assert nodemax(4096) == 2038
+    small, big = LmdbModel(1000, 1000), LmdbModel(1000, 3072)
+    assert not small.overflow and big.overflow
+    assert big.overflow_pages == 1 and LmdbModel(10, 196608).overflow_pages == 49
+    # records never overlap and stay inside the file
+    for m in (small, big):
+        _, off, ln = m.extents(np.arange(m.n))
+        assert (np.diff(off) >= ln[:-1]).all() and off[-1] + ln[-1] <= m.file_bytes
+
+
+def test_cli_synthetic_all_presets(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc = main(
+        ["plan", "--ranks", "64", "--nodes", "16", "--batch", "256", "--samples", "200000",
+         "--sample-bytes", "3072", "--layout", "lmdb", "--json", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    for name in PRESETS:
+        assert name in text
+    doc = json.loads(out.read_text())
+    rows = {r["preset"]: r for r in doc["presets"]}
+    assert set(rows) == set(PRESETS)
+    # what the papers say the optimisations do
+    # every rank walks the tree (64 walks) vs one root per node (16 walks)
+    assert rows["lmdb"]["redundant_bytes_total"] > 3 * rows["lmm"]["redundant_bytes_total"] > 0
+    assert rows["lmm-dio-prov"]["redundant_bytes_total"] == 0
+    assert rows["lmm-dio-prov-coal"]["ops_per_reader"] < rows["lmm-dio-prov"]["ops_per_reader"] / 10
+    assert (
+        rows["lmm-dio-prov-coal-stag"]["concurrent_readers"]
+        < rows["lmm-dio-prov-coal"]["concurrent_readers"]
+    )
+    assert rows["skip"]["redundant_bytes_total"] > rows["contiguous"]["redundant_bytes_total"]
+    assert rows["tf"]["rl"] == 1.0 and rows["lmdb"]["rl"] == 0.0
+    assert rows["async"]["largest_read"] > rows["tf"]["largest_read"]
+    for r in rows.values():
+        assert r["payload_bytes_total"] == pytest.approx(200000 * 3072, rel=0.02)
+
+
+def test_cli_flat_single_preset_and_errors(capsys):
+    assert (
+        main(
+            [
+                "plan",
+                "--ranks",
+                "4",
+                "--preset",
+                "tf",
+                "--samples",
+                "1000",
+                "--layout",
+                "flat",
+                "--json",
+                "-",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    doc = json.loads(text[text.index("{") :])
+    assert doc["presets"][0]["ops_per_reader"] == 250
+    assert main(["plan", "--ranks", "4"]) == 1  # neither PATH nor --samples
+    assert main(["plan", "--ranks", "4", "--samples", "10", "--preset", "nope"]) == 1
+
+
+@pytest.mark.full
+def test_cli_at_paper_scale_is_fast(capsys):
+    t0 = time.perf_counter()
+    rc = main(
+        ["plan", "--ranks", "9216", "--nodes", "256", "--preset", "all", "--batch", "18432",
+         "--samples", "50000000", "--sample-bytes", "3072", "--layout", "lmdb"]
+    )  # fmt: skip
+    assert rc == 0 and time.perf_counter() - t0 < 10
