@@ -438,13 +438,17 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
   r.seeks = static_cast<std::uint16_t>(std::min<std::uint32_t>(charge.seeks, 65535));
   r.direct = h->direct;
   // The client has the data when the reply's copy completes: start it that much early.
-  sleep_until(fs.to_timespec(charge.deadline - fs.copy_cost.predict(static_cast<std::size_t>(n))));
+  // The kernel path to and from the reader is part of the modelled latency: reply that
+  // much earlier too, and count it in the service time (what the client sees).
+  const double path = fs.path();
+  sleep_until(fs.to_timespec(charge.deadline - path -
+                             fs.copy_cost.predict(static_cast<std::size_t>(n))));
   const double released = fs.now();
   fs.replying.fetch_add(1);
   fuse_reply_buf(req, buf, static_cast<std::size_t>(n));
   const double replied = fs.now();
   fs.copy_cost.record(static_cast<std::size_t>(n), replied - released);
-  r.service = replied - arrival;
+  r.service = replied - arrival + path;
   fs.accounting.record(r);
   fs.replying.fetch_sub(1);
 }
@@ -688,11 +692,12 @@ std::string Filesystem::stats_json() {
                 "\"server_mbps\": %.3f, \"servers\": %d, \"stripe_count\": %d, "
                 "\"stripe_kib\": %llu, \"seek_us\": %.3f, \"server_concurrency\": %d, "
                 "\"burst_kib\": %llu, \"readahead_kib\": %u, \"max_request_kib\": %u, "
-                "\"log_requests\": %zu, \"max_threads\": %d}",
+                "\"log_requests\": %zu, \"max_threads\": %d, \"path_us\": %.3f}",
                 p.latency_us, p.node_mbps, p.aggregate_mbps, p.server_mbps, p.servers,
                 p.stripe_count, static_cast<unsigned long long>(p.stripe_bytes / 1024), p.seek_us,
                 p.server_concurrency, static_cast<unsigned long long>(p.burst_bytes / 1024),
-                opts_.readahead_kib, opts_.max_request_kib, opts_.log_requests, opts_.max_threads);
+                opts_.readahead_kib, opts_.max_request_kib, opts_.log_requests, opts_.max_threads,
+                opts_.path_us);
   std::string out = "{\"version\": 1, \"pid\": " + std::to_string(getpid()) +
                     ", \"src\": " + json_string(opts_.src) +
                     ", \"mountpoint\": " + json_string(opts_.mountpoint) +
@@ -700,6 +705,7 @@ std::string Filesystem::stats_json() {
                     ", \"uptime_s\": " + std::to_string(now()) +
                     ", \"effective_readahead_kib\": " + std::to_string(effective_readahead_kib_) +
                     ", \"reply_copy_us_per_mib\": " + std::to_string(copy_cost.predict(1u << 20) * 1e6) +
+                    ", \"path_us\": " + std::to_string(path() * 1e6) +
                     ", \"params\": " + params + ", " + accounting.totals_json() + "}\n";
   return out;
 }

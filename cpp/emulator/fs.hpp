@@ -52,6 +52,7 @@ struct Options {
   std::uint32_t max_request_kib = 1024;  ///< largest read request the kernel may send
   std::size_t log_requests = 65536;      ///< request log capacity (0 = totals only)
   int max_threads = 128;                 ///< FUSE worker threads (each sleeps to a deadline)
+  double path_us = -1;                   ///< kernel path reader<->daemon; < 0: calibrate
   bool debug = false;
 };
 
@@ -74,6 +75,11 @@ class Filesystem {
   const Options& options() const { return opts_; }
   /// Read-ahead actually configured (KiB), or -1 when it could not be set.
   void set_effective_readahead(int kib) { effective_readahead_kib_ = kib; }
+  /// The kernel path between a reader and the daemon (seconds): part of the modelled
+  /// latency that the client pays outside the daemon, so the daemon replies that much
+  /// earlier and adds it to the service time it reports.
+  void set_path(double seconds) { path_s_.store(seconds); }
+  double path() const { return path_s_.load(); }
 
   // Called by the operation callbacks (fs.cpp); public only for that reason.
   struct Inode {
@@ -109,6 +115,7 @@ class Filesystem {
   fuse_session* session_ = nullptr;
   timespec t0_{};
   int effective_readahead_kib_ = -1;
+  std::atomic<double> path_s_{0.0};
   std::mutex inodes_mu_;
   std::unordered_map<fuse_ino_t, Inode> inodes_;
   std::unordered_map<std::string, fuse_ino_t> by_key_;

@@ -53,6 +53,10 @@ class EmulatorParams:
         Recent requests kept in the per-request log (0: totals only).
     max_threads : int
         FUSE worker threads; each in-flight request holds one while it sleeps.
+    path_us : float
+        The kernel path between a reader and the daemon, µs, counted inside
+        ``latency_us`` (the daemon replies that much earlier); negative: measured at
+        start-up (median round trip of an empty read), capped at half the latency.
     """
 
     latency_us: float = 300.0
@@ -69,6 +73,7 @@ class EmulatorParams:
     max_request_kib: int = 1024
     log_requests: int = 65536
     max_threads: int = 128
+    path_us: float = -1.0
 
     def __post_init__(self) -> None:
         checks = [
