@@ -389,6 +389,27 @@ def test_liblmdb_numpy_memmap_and_h5py_read_through_views(tmp_path):
         assert {r["file"] for r in emu.requests()} >= {"db/data.mdb", "x.h5", "m.npy"}
 
 
+@pytest.mark.fuse
+@needs_fuse
+def test_open_dataset_through_a_view_keeps_its_sidecar_elsewhere(tmp_path, monkeypatch):
+    from feedline import open_dataset
+
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    arr = np.arange(500 * 12, dtype=np.float32).reshape(500, 12)
+    np.save(src / "x.npy", arr)
+    with Emulator(src, tmp_path / "mnt", nodes=2, params=FAST) as emu:
+        template = emu.node_template  # "MNT/node{node}", as FEEDLINE_NODES jobs use it
+        ds = open_dataset(os.path.join(template.replace("{node}", "1"), "x.npy"))
+        assert len(ds) == 500
+        for i in (0, 7, 499):
+            assert ds.read(i) == arr[i].tobytes()
+        per_node = emu.stats()["per_node"]
+        assert per_node[1]["requests"] > 0 and per_node[0]["requests"] == 0
+    assert sorted(os.listdir(src)) == ["x.npy"]  # nothing written into the source
+
+
 # -- start, stop, attach, CLI -------------------------------------------------------------
 
 

@@ -202,6 +202,10 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     fuse_reply_err(req, ENOENT);
     return;
   }
+  if (std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0) {
+    fuse_reply_err(req, ENOENT);  // the kernel resolves these itself; never leave SRC
+    return;
+  }
   const std::string rel = join(dir.rel, name);
   if (fstatat(fs.src_fd(), rel.c_str(), &e.attr, AT_SYMLINK_NOFOLLOW) != 0) {
     fuse_reply_err(req, errno);

@@ -225,6 +225,7 @@ int main(int argc, char** argv) {
 
   fuse_session* se = fuse_session_new(&fargs, &fe::Filesystem::operations(),
                                       sizeof(fuse_lowlevel_ops), fs.get());
+  fuse_opt_free_args(&fargs);  // the session keeps what it needs
   if (!se) {
     std::fprintf(stderr, "feedline-fuse: cannot create the FUSE session\n");
     return 1;

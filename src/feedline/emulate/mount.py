@@ -9,6 +9,7 @@ can reach a running emulator from its mount point alone.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import json
 import os
@@ -115,6 +116,13 @@ def mount_root(path: str | os.PathLike[str]) -> str | None:
     return best
 
 
+def log_path_for(mnt: str | os.PathLike[str]) -> str:
+    """Where the daemon serving *mnt* logs: one file per mount point, found again by
+    ``down`` from the mount point alone and removed when the emulator stops."""
+    digest = hashlib.sha256(os.path.realpath(mnt).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"feedline-fuse-{digest}.log")
+
+
 def _force_unmount(mnt: str) -> None:
     """Lazily detach *mnt* (after the daemon died, the mount only answers ENOTCONN)."""
     for cmd in (["fusermount3", "-u", "-z", mnt], ["umount", "-l", mnt]):
@@ -183,7 +191,6 @@ class Emulator:
         self.log_path: str | None = None
         self._child: int | None = None  # pid of a daemon we spawned and must reap
         self._status: int | None = None
-        self._owner = True
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -207,7 +214,7 @@ class Emulator:
         )
         emu = cls(info["src"], root, nodes=int(info["nodes"]), params=params)
         emu.pid = int(info["pid"])
-        emu._owner = False
+        emu.log_path = log_path_for(root)
         return emu
 
     def start(self) -> Emulator:
@@ -228,7 +235,8 @@ class Emulator:
         if os.path.realpath(self.mountpoint).startswith(self.src.rstrip("/") + "/"):
             raise ConfigError("the mount point must not lie inside the source directory")
 
-        log_fd, self.log_path = tempfile.mkstemp(prefix="feedline-fuse-", suffix=".log")
+        self.log_path = log_path_for(self.mountpoint)
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         argv = [binary, *self.params.argv(), "--nodes", str(self.nodes), self.src, self.mountpoint]
         rfd, wfd = os.pipe()
         try:
@@ -355,9 +363,8 @@ class Emulator:
                 self.wait(timeout)
         if is_mounted(self.mountpoint):
             _force_unmount(self.mountpoint)
-        if self._owner and self.log_path and not self.detach:
-            with contextlib.suppress(OSError):
-                os.unlink(self.log_path)
+        with contextlib.suppress(OSError):
+            os.unlink(log_path_for(self.mountpoint))
         self.pid = None
 
     close = stop
