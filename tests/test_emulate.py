@@ -324,6 +324,64 @@ def test_random_reads_seek_and_servers_queue(src, tmp_path):
 
 @pytest.mark.fuse
 @needs_fuse
+def test_nodes_share_the_aggregate_link(src, tmp_path):
+    import threading
+
+    # links, not servers, are the bottleneck: 150 MB/s per node and for all nodes together
+    params = EmulatorParams(
+        latency_us=50,
+        node_mbps=150,
+        aggregate_mbps=150,
+        server_mbps=10000,
+        seek_us=0,
+        server_concurrency=64,
+    )
+    size = (src / "a.bin").stat().st_size
+    block = 256 * KiB
+
+    start = threading.Barrier(2)
+
+    def reader(node, barrier=None):
+        b = mmap.mmap(-1, block)
+        if barrier is not None:
+            barrier.wait()
+        fd = os.open(emu.node_path(node) / "a.bin", os.O_RDONLY | os.O_DIRECT)
+        try:
+            for off in range(0, size, block):
+                os.preadv(fd, [b], off)
+        finally:
+            os.close(fd)
+
+    with Emulator(src, tmp_path / "mnt", nodes=2, params=params) as emu:
+        reader(0)  # alone: one node's link
+        alone = emu.requests()
+        emu.reset_stats()
+        emu.reset_model()
+        threads = [threading.Thread(target=reader, args=(n, start)) for n in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        both = emu.requests()
+
+    def span(rs):
+        return max(r["arrival_s"] + r["modelled_s"] for r in rs) - min(r["arrival_s"] for r in rs)
+
+    def mean_cost(rs):
+        return statistics.mean(r["modelled_s"] for r in rs)
+
+    rate = params.aggregate_mbps * 1e6
+    assert span(alone) >= 0.95 * size / rate
+    # two nodes together move twice the bytes through the same aggregate bucket, so
+    # their requests queue there: each costs about twice as much as alone
+    assert sum(r["size"] for r in both) == 2 * size
+    assert {r["node"] for r in both} == {0, 1}
+    assert span(both) >= 0.95 * 2 * size / rate
+    assert mean_cost(both) >= 1.3 * mean_cost(alone)
+
+
+@pytest.mark.fuse
+@needs_fuse
 def test_stats_reset_and_request_log(emu, src):
     _read_all(emu.node_path(0) / "a.bin")
     s = emu.stats()
