@@ -164,7 +164,8 @@ class World:
         self.node_size = node_comm.Get_size() if node_comm is not None else 1
         self.leader_comm = leader_comm
         self.emulated = emulated
-        self._tcomm = comm.Dup() if comm is not None else None
+        # tokens travel on their own communicator so their tags never meet the user's
+        self._token_comm: Any = comm.Dup() if comm is not None else None
 
     # -------------------------------------------------------------- building
     @classmethod
@@ -226,9 +227,13 @@ class World:
             leader_comm = None
         return cls(comm, nodes=M, node_comm=node_comm, leader_comm=leader_comm, emulated=emulated)
 
+    @property
+    def _tcomm(self) -> Any:
+        return self._token_comm
+
     def close(self) -> None:
         """Free the communicators this World created."""
-        for name in ("node_comm", "leader_comm", "_tcomm"):
+        for name in ("node_comm", "leader_comm", "_token_comm"):
             c = getattr(self, name)
             if c is not None:
                 c.Free()
@@ -345,7 +350,7 @@ class World:
 
     # ----------------------------------------------------------------- tokens
     def token(self, info) -> Token:
-        """A staggering token for this reader from ``plan.stagger(rank)``."""
+        """A staggering token for this reader from ``plan.stagger(rank)`` (not collective)."""
         return Token(self, info)
 
     # ------------------------------------------------------------------ index

@@ -5,8 +5,9 @@ places every record the way liblmdb's append path does, closely enough to count 
 and pages: a leaf holds ``floor((page - 16) / (node + 2))`` nodes of ``8 + k + v`` bytes
 (even-aligned); a node larger than LMDB's ``nodemax`` (2,038 bytes with 4 KiB pages)
 keeps an 8-byte page number and its value goes to ``ceil((16 + v) / page)`` overflow
-pages, written before the leaf that points to them. Branch pages and commit
-boundaries are ignored (< 1% of the file). Walking a cursor reads the leaf pages — the
+pages, written before the leaf that points to them; inline nodes fill a leaf from the
+end of the page downwards. Branch pages and commit boundaries are ignored (< 2% of the
+file; ``tests/test_plan_cli.py`` compares the model with files written by liblmdb). Walking a cursor reads the leaf pages — the
 redundant bytes of the seeking presets.
 """
 
@@ -76,14 +77,9 @@ class LmdbModel:
             group = self.per_leaf * self.overflow_pages + 1  # the overflow runs, then the leaf
             page = META_PAGES + j * group + slot * self.overflow_pages
             off = page * self.page + PAGE_HEADER
-        else:
-            off = (
-                (META_PAGES + j) * self.page
-                + PAGE_HEADER
-                + slot * (self.node_bytes + 2)
-                + NODE_HEADER
-                + self.key
-            )
+        else:  # nodes fill a leaf from the end of the page downwards
+            end = (META_PAGES + j + 1) * self.page
+            off = end - (slot + 1) * self.node_bytes + NODE_HEADER + self.key
         return np.zeros_like(ids), off, np.full_like(ids, self.size)
 
     @property
