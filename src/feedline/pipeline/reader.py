@@ -1,7 +1,7 @@
 """Reading lists of extents into caller buffers, and gathering records out of them.
 
-:class:`ExtentReader` uses the native engine (:mod:`feedline.io.engine`, C++ threads,
-``pread``/``O_DIRECT``) when it is built, and otherwise a pool of Python threads calling
+:class:`ExtentReader` uses the native engine (``feedline._core._IOEngine``, C++ threads,
+``pread``/``O_DIRECT``, retries) when it is built, and otherwise a pool of Python threads calling
 ``os.preadv`` (which releases the GIL), so the loader works — slower — before the
 native core exists. :func:`coalesce` merges neighbouring extents into fewer, larger
 reads (the trade: bytes in holes are read and thrown away); :func:`gather` copies
@@ -231,6 +231,56 @@ class _PreadPool:
             self._fds.clear()
 
 
+class _NativeFuture:
+    """``result()`` of a native submission (raises the translated, typed error)."""
+
+    __slots__ = ("_f",)
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+
+    def result(self) -> None:
+        self._f.result()
+
+    def done(self) -> bool:
+        return bool(self._f.done())
+
+
+class _Native:
+    """The C++ engine (``feedline._core._IOEngine``): threads, pread/O_DIRECT, retries."""
+
+    def __init__(self, files: list[str], threads: int, method: str) -> None:
+        from .. import _core
+
+        self._impl = _core._IOEngine(list(files), threads, method, 8 << 20, 0, 3, 1000)
+        self.threads = threads
+        self.method = method
+
+    def submit(self, reads: ReadList, buf: np.ndarray) -> _NativeFuture:
+        f = self._impl.submit(
+            np.ascontiguousarray(reads.file_ids, dtype=np.int32),
+            np.ascontiguousarray(reads.offsets, dtype=np.int64),
+            np.ascontiguousarray(reads.lengths, dtype=np.int64),
+            buf.reshape(-1),
+            np.ascontiguousarray(reads.dest, dtype=np.int64),
+        )
+        return _NativeFuture(f)
+
+    def stats(self) -> dict[str, Any]:
+        st = self._impl.stats()
+        return {
+            "storage_bytes": int(st.storage_bytes),
+            "storage_ops": int(st.ops),
+            "io_s": float(st.busy_s),
+            "io_retries": int(st.retries),
+            "engine": f"native-{self.method}",
+            "io_threads": self.threads,
+        }
+
+    def close(self) -> None:
+        self._impl.close()
+
+
 class ExtentReader:
     """Executes :class:`ReadList` s into numpy buffers on a pool of I/O threads.
 
@@ -249,31 +299,19 @@ class ExtentReader:
 
     def __init__(self, files: list[str], threads: int, method: str = "pread") -> None:
         self._impl: Any = None
-        self._native = False
         try:
-            from ..io.engine import IOEngine  # native; may not be built yet
-        except ImportError:
-            IOEngine = None
-        if IOEngine is not None:
-            try:
-                self._impl = IOEngine(files, threads=threads, method=method)
-                self._native = True
-            except TypeError:
-                self._impl = None
-        if self._impl is None:
+            self._impl = _Native(files, threads, method)
+        except (ImportError, AttributeError):  # the native core is not built
             self._impl = _PreadPool(files, threads, method)
 
-    def submit(self, reads: ReadList, buf: np.ndarray) -> Future:
-        """Start reading *reads* into *buf*; the Future raises the typed error on failure."""
+    def submit(self, reads: ReadList, buf: np.ndarray) -> Any:
+        """Start reading *reads* into *buf*; ``result()`` raises the typed error on failure."""
         if len(reads) == 0:
             f: Future = Future()
             f.set_result(None)
             return f
         if int((reads.dest + reads.lengths).max()) > buf.nbytes:
             raise ValueError("read list overflows its destination buffer")
-        if self._native:
-            extents = np.stack([reads.file_ids, reads.offsets, reads.lengths], axis=1)
-            return self._impl.submit(extents, buf, reads.dest)
         return self._impl.submit(reads, buf)
 
     def read(self, reads: ReadList, buf: np.ndarray) -> None:
