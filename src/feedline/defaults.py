@@ -36,6 +36,10 @@ KNOBS: dict[str, _Knob] = {
     ),
     "nodes": _Knob(0, "emulated nodes (0: from COMM_TYPE_SHARED)"),
     "io_threads": _Knob(4, "native I/O threads per reader"),
+    "io_method": _Knob("pread", "I/O engine read method: pread, odirect or mmap"),
+    "io_chunk_mib": _Knob(8, "largest single read of the I/O engine in MiB (longer extents are split)"),
+    "io_align": _Knob(0, "O_DIRECT alignment in bytes (0: from the file system, else 4096)"),
+    "io_retries": _Knob(3, "retries of a transient I/O error (EIO...) before StorageError"),
     "coalesce_mib": _Knob(8, "minimum coalesced read size in MiB"),
     "prefetch_depth": _Knob(2, "batches read ahead of the consumer (2 = double buffering)"),
     "cache_dir": _Knob(
