@@ -18,9 +18,13 @@ HERE = os.path.dirname(__file__)
 MPIEXEC = shutil.which("mpiexec")
 
 
-def run_mpi(n: int, script: str, *args: str, timeout: float = 120) -> str:
+def run_mpi(
+    n: int, script: str, *args: str, timeout: float = 120, nodes_env: int | None = None
+) -> str:
     env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1")
     env.pop("FEEDLINE_NODES", None)
+    if nodes_env is not None:
+        env["FEEDLINE_NODES"] = str(nodes_env)
     proc = subprocess.run(
         [MPIEXEC, "-n", str(n), sys.executable, os.path.join(HERE, "mpi", script), *args],
         capture_output=True,
@@ -84,6 +88,12 @@ pytestmark_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not install
 @pytest.mark.parametrize(("n", "nodes"), [(1, 0), (2, 0), (4, 2), (8, 3)])
 def test_world_under_mpiexec(n, nodes):
     assert "OK world" in run_mpi(n, "world_checks.py", str(nodes))
+
+
+@pytestmark_mpi
+@pytest.mark.mpi
+def test_world_nodes_from_environment():
+    assert "OK world" in run_mpi(4, "world_checks.py", "env", nodes_env=4)
 
 
 @pytestmark_mpi

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedline.cli import main
+from feedline.cli import build_parser, main
 from feedline.plan import PRESETS, FlatRecords, WorldSpec, get_strategy, make_plan
 from feedline.plan.lmdb_model import LmdbModel, nodemax
 from feedline.plan.stats import plan_stats, unit_extents
@@ -89,6 +89,18 @@ def test_lmdb_model_matches_a_file_written_by_liblmdb(tmp_path, size):
     assert np.array_equal(ln, idx.lengths)
     # the spacing between consecutive records is what liblmdb produced, bar a few relocations
     assert (np.diff(off) == np.diff(idx.offsets)).mean() > 0.98
+    # `feedline plan PATH` plans over the real index; the seek model walks its leaf pages
+    from feedline.plan.cli import compute
+
+    args = build_parser().parse_args(
+        ["plan", str(tmp_path), "--ranks", "8", "--nodes", "2", "--batch", "64"]
+    )
+    rows = {r["preset"]: r for r in compute(args)["presets"]}
+    walk = idx.meta["leaf_pages"] * idx.meta["page_size"]
+    assert rows["lmdb"]["seek_bytes_total"] == 8 * walk
+    assert rows["lmm-dio"]["seek_bytes_total"] == walk
+    assert rows["lmm-dio-prov"]["seek_bytes_total"] == 0
+    assert rows["tf"]["payload_bytes_total"] == pytest.approx(n * size)
 
 
 def test_cli_synthetic_all_presets(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Run under mpiexec: World structure, polite collectives, node windows, tokens.
 
-Usage: mpiexec -n P python world_checks.py NODES   (NODES 0 = real nodes)
+Usage: mpiexec -n P python world_checks.py NODES   (NODES 0 = real nodes, env = FEEDLINE_NODES)
 Every check asserts through collectives, so all ranks agree on success.
 """
 
@@ -18,8 +18,14 @@ from feedline.plan import FlatRecords, get_strategy, make_plan
 
 comm = MPI.COMM_WORLD
 P, rank = comm.Get_size(), comm.Get_rank()
-M = int(sys.argv[1])
-world = World.from_comm(comm, nodes=M)
+if sys.argv[1].startswith("env"):  # nodes from FEEDLINE_NODES, set by the launcher's env
+    import os
+
+    M = int(os.environ["FEEDLINE_NODES"])
+    world = World.from_comm(comm)
+else:
+    M = int(sys.argv[1])
+    world = World.from_comm(comm, nodes=M)
 expect_M = M if M > 0 else 1  # one physical machine
 
 # structure

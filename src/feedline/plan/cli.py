@@ -54,13 +54,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _records(args):
     if args.path:
         from ..dataset import open_dataset
-        from .records import IndexRecords
+        from .records import as_records
 
         ds = open_dataset(args.path)
         idx = ds.index
-        rec = IndexRecords.from_index(idx)
-        rec.meta = dict(idx.meta)  # type: ignore[attr-defined]  # tree facts for the seek model
-        return rec, f"{args.path} ({ds.format}, {len(idx)} records)"
+        return as_records(idx), f"{args.path} ({ds.format}, {len(idx)} records)"
     if not args.samples:
         raise ConfigError("give a dataset PATH or --samples N (with --sample-bytes, --layout)")
     if args.layout == "lmdb":

@@ -41,6 +41,7 @@ class IndexRecords:
             raise ValueError("file_ids, offsets and lengths must have equal lengths")
         self._max: int | None = None
         self._mean: float | None = None
+        self.meta: dict = {}
 
     @classmethod
     def from_index(cls, index) -> IndexRecords:
@@ -113,10 +114,12 @@ def as_records(source) -> Records:
         return CountOnly(int(source))
     if isinstance(source, tuple) and len(source) == 3:
         return IndexRecords(*source)
-    if hasattr(source, "file_ids") and hasattr(source, "offsets") and hasattr(source, "lengths"):
-        return IndexRecords.from_index(source)
     if isinstance(source, Records):
         return source
+    if hasattr(source, "file_ids") and hasattr(source, "offsets") and hasattr(source, "lengths"):
+        rec = IndexRecords.from_index(source)
+        rec.meta = dict(getattr(source, "meta", {}) or {})  # tree facts for the seek model
+        return rec
     raise TypeError(
         f"cannot plan over {type(source).__name__}: give an Index, Records, columns or a count"
     )
