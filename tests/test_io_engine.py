@@ -456,3 +456,14 @@ def test_cold_large_read_matches(tmp_path, method):
         eng.read((fid, off, ln), buf, dest)
     for i in range(len(fid)):
         assert np.array_equal(buf[dest[i] : dest[i] + ln[i]], data[off[i] : off[i] + ln[i]])
+
+
+def test_limit_comparison_cli_smoke(tmp_path, capsys):
+    from feedline.io.bench import main, parse_size
+
+    assert parse_size("8M") == 8 << 20 and parse_size("64KiB") == 64 << 10
+    paths, _ = make_files(tmp_path, [256 << 10])
+    assert main([paths[0], "--blocks", "64K", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "feedline odirect, 1 thread(s) @ 64 KiB" in out
+    assert "MB/s" in out
