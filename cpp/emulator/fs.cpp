@@ -43,18 +43,25 @@ std::uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-struct FileHandle {
-  int fd = -1;
+}  // namespace
+
+struct Handle {
+  int fd = -1;  // source file, or -1 for a text snapshot
   int node = 0;
   std::uint32_t file = 0;
   std::uint64_t hash = 0;
   std::uint64_t size = 0;
   bool direct = false;
+  std::string text;  // snapshot of a control file
+  Handle() = default;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() {
+    if (fd >= 0) close(fd);
+  }
 };
 
-struct TextHandle {
-  std::string text;
-};
+namespace {
 
 struct DirHandle {
   struct Entry {
@@ -348,11 +355,11 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       const timespec pause{0, 20000};
       nanosleep(&pause, nullptr);
     }
-    auto h = std::make_unique<TextHandle>();
+    auto h = std::make_shared<Handle>();
     h->text = ino == kStatsIno ? fs.stats_json() : fs.accounting.requests_jsonl();
     fi->direct_io = 1;  // size is reported as 0; direct I/O reads past it
-    fi->fh = reinterpret_cast<std::uint64_t>(h.get());
-    if (fuse_reply_open(req, fi) == 0) h.release();
+    fi->fh = fs.add_handle(std::move(h));
+    if (fuse_reply_open(req, fi) != 0) fs.drop_handle(fi->fh);
     return;
   }
   Filesystem::Inode in;
@@ -360,7 +367,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_err(req, ino == kRootIno ? EISDIR : ENOENT);
     return;
   }
-  auto h = std::make_unique<FileHandle>();
+  auto h = std::make_shared<Handle>();
   h->fd = openat(fs.src_fd(), rel_or_dot(in.rel), O_RDONLY | O_CLOEXEC);
   if (h->fd < 0) {
     fuse_reply_err(req, errno);
@@ -368,9 +375,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   struct stat st;
   if (fstat(h->fd, &st) != 0) {
-    const int err = errno;
-    close(h->fd);
-    fuse_reply_err(req, err);
+    fuse_reply_err(req, errno);
     return;
   }
   h->size = static_cast<std::uint64_t>(st.st_size);
@@ -384,12 +389,8 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (h->direct) fi->direct_io = 1;
   fi->keep_cache = 1;  // also on O_DIRECT opens: they must not wipe the node's cache
   fi->noflush = 1;
-  fi->fh = reinterpret_cast<std::uint64_t>(h.get());
-  if (fuse_reply_open(req, fi) == 0) {
-    h.release();
-  } else {
-    close(h->fd);
-  }
+  fi->fh = fs.add_handle(std::move(h));
+  if (fuse_reply_open(req, fi) != 0) fs.drop_handle(fi->fh);
 }
 
 void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_file_info* fi) {
@@ -398,8 +399,12 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
     fuse_reply_buf(req, nullptr, 0);
     return;
   }
+  const std::shared_ptr<Handle> h = fs.handle(fi->fh);
+  if (!h) {
+    fuse_reply_err(req, EBADF);
+    return;
+  }
   if (is_text(ino)) {
-    const auto* h = reinterpret_cast<TextHandle*>(fi->fh);
     const auto uoff = static_cast<std::size_t>(std::max<off_t>(off, 0));
     if (uoff >= h->text.size()) {
       fuse_reply_buf(req, nullptr, 0);
@@ -415,7 +420,6 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
     slack_set = true;
   }
   const double arrival = fs.now();
-  const auto* h = reinterpret_cast<FileHandle*>(fi->fh);
   const auto uoff = static_cast<std::uint64_t>(std::max<off_t>(off, 0));
   const std::uint64_t length = uoff >= h->size ? 0 : std::min<std::uint64_t>(size, h->size - uoff);
   const Charge charge = fs.model.charge(h->node, h->file, h->hash, uoff, length, arrival);
@@ -444,7 +448,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
   // The client has the data when the reply's copy completes: start it that much early.
   // The kernel path to and from the reader is part of the modelled latency: reply that
   // much earlier too, and count it in the service time (what the client sees).
-  const double path = fs.path();
+  const double path = fs.path(size);
   sleep_until(fs.to_timespec(charge.deadline - path -
                              fs.copy_cost.predict(static_cast<std::size_t>(n))));
   const double released = fs.now();
@@ -482,15 +486,7 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* data, std::size_t size
 }
 
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (is_text(ino)) {
-    delete reinterpret_cast<TextHandle*>(fi->fh);
-  } else if (ino != kControlIno) {
-    auto* h = reinterpret_cast<FileHandle*>(fi->fh);
-    if (h) {
-      close(h->fd);
-      delete h;
-    }
-  }
+  if (ino != kControlIno) fs_of(req).drop_handle(fi->fh);
   fuse_reply_err(req, 0);
 }
 
@@ -554,6 +550,30 @@ fuse_lowlevel_ops make_ops() {
 }
 
 }  // namespace
+
+// ---- handles -----------------------------------------------------------------------
+
+std::uint64_t Filesystem::add_handle(std::shared_ptr<Handle> h) {
+  std::lock_guard lock(handles_mu_);
+  const std::uint64_t id = next_handle_++;
+  handles_.emplace(id, std::move(h));
+  return id;
+}
+
+std::shared_ptr<Handle> Filesystem::handle(std::uint64_t id) {
+  std::lock_guard lock(handles_mu_);
+  auto it = handles_.find(id);
+  return it == handles_.end() ? nullptr : it->second;
+}
+
+void Filesystem::drop_handle(std::uint64_t id) {
+  std::shared_ptr<Handle> last;  // closed outside the lock
+  std::lock_guard lock(handles_mu_);
+  auto it = handles_.find(id);
+  if (it == handles_.end()) return;
+  last = std::move(it->second);
+  handles_.erase(it);
+}
 
 // ---- CopyCost ---------------------------------------------------------------------
 
@@ -709,7 +729,8 @@ std::string Filesystem::stats_json() {
                     ", \"uptime_s\": " + std::to_string(now()) +
                     ", \"effective_readahead_kib\": " + std::to_string(effective_readahead_kib_) +
                     ", \"reply_copy_us_per_mib\": " + std::to_string(copy_cost.predict(1u << 20) * 1e6) +
-                    ", \"path_us\": " + std::to_string(path() * 1e6) +
+                    ", \"path_us\": " + std::to_string(path(0) * 1e6) +
+                    ", \"path_us_per_mib\": " + std::to_string((path(1u << 20) - path(0)) * 1e6) +
                     ", \"params\": " + params + ", " + accounting.totals_json() + "}\n";
   return out;
 }

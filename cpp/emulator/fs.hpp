@@ -9,6 +9,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,9 @@ class CopyCost {
   double per_byte_[kWindow] = {};
   std::size_t count_ = 0;
 };
+
+/// An open file: a view of a source file, or a snapshot of a control file's text.
+struct Handle;
 
 /// Everything the command line sets.
 struct Options {
@@ -75,11 +79,20 @@ class Filesystem {
   const Options& options() const { return opts_; }
   /// Read-ahead actually configured (KiB), or -1 when it could not be set.
   void set_effective_readahead(int kib) { effective_readahead_kib_ = kib; }
-  /// The kernel path between a reader and the daemon (seconds): part of the modelled
-  /// latency that the client pays outside the daemon, so the daemon replies that much
-  /// earlier and adds it to the service time it reports.
-  void set_path(double seconds) { path_s_.store(seconds); }
-  double path() const { return path_s_.load(); }
+  /// The kernel path between a reader and the daemon: part of the modelled latency that
+  /// the client pays outside the daemon, so the daemon replies that much earlier and
+  /// adds it to the service time it reports. Modelled as @p fixed seconds plus
+  /// @p per_byte seconds per requested byte, at most @p cap. Call before serving reads.
+  void set_path(double fixed, double per_byte, double cap) {
+    path_fixed_ = fixed;
+    path_per_byte_ = per_byte;
+    path_cap_ = cap;
+  }
+  /// The path of a request of @p bytes, seconds.
+  double path(std::size_t bytes) const {
+    return std::min(path_cap_.load(),
+                    path_fixed_.load() + path_per_byte_.load() * static_cast<double>(bytes));
+  }
 
   // Called by the operation callbacks (fs.cpp); public only for that reason.
   struct Inode {
@@ -100,6 +113,13 @@ class Filesystem {
   int control(const std::string& line);
   int drop_caches(int node);
 
+  /// Open handles by id (the fh the kernel passes back). Shared ownership: a release
+  /// that arrives while a read of the same handle is still being served (seen under
+  /// load) only drops the table's reference; the read finishes with its own.
+  std::uint64_t add_handle(std::shared_ptr<Handle> h);
+  std::shared_ptr<Handle> handle(std::uint64_t id);
+  void drop_handle(std::uint64_t id);
+
   int src_fd() const { return src_fd_; }
   Model model;
   Accounting accounting;
@@ -115,7 +135,11 @@ class Filesystem {
   fuse_session* session_ = nullptr;
   timespec t0_{};
   int effective_readahead_kib_ = -1;
-  std::atomic<double> path_s_{0.0};
+  // Written once by the start-up helper; reads that arrive while it measures see 0.
+  std::atomic<double> path_fixed_{0.0}, path_per_byte_{0.0}, path_cap_{0.0};
+  std::mutex handles_mu_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Handle>> handles_;
+  std::uint64_t next_handle_ = 1;
   std::mutex inodes_mu_;
   std::unordered_map<fuse_ino_t, Inode> inodes_;
   std::unordered_map<std::string, fuse_ino_t> by_key_;

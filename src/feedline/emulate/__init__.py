@@ -21,6 +21,7 @@ from .mount import (
     find_binary,
     is_mounted,
     mount_root,
+    unmount,
 )
 from .params import EmulatorParams
 
@@ -32,4 +33,5 @@ __all__ = [
     "find_binary",
     "is_mounted",
     "mount_root",
+    "unmount",
 ]

@@ -5,6 +5,7 @@
   feedline emulate reset MNT          zero the accounting
   feedline emulate drop MNT [--node N]  make the next reads cold
   feedline emulate down MNT
+  feedline emulate overhead           measure the emulator's own overhead here
 
 Parameters come from the defaults, then the config file (TOML or JSON), then the
 command line. ``up`` returns once the views answer; the daemon keeps running until
@@ -18,7 +19,7 @@ import dataclasses
 import json
 import sys
 
-from .mount import EXIT_UNAVAILABLE, Emulator, EmulatorUnavailable
+from .mount import EXIT_UNAVAILABLE, Emulator, EmulatorUnavailable, unmount
 from .params import EmulatorParams
 
 
@@ -43,7 +44,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    Emulator.attach(args.mnt).stop(timeout=args.timeout)
+    unmount(args.mnt, timeout=args.timeout)
     print(f"feedline emulate: unmounted {args.mnt}")
     return 0
 
@@ -63,6 +64,25 @@ def _reset(args: argparse.Namespace) -> int:
 
 def _drop(args: argparse.Namespace) -> int:
     Emulator.attach(args.mnt).drop_caches(args.node)
+    return 0
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from .measure import measure_overhead
+
+    results = measure_overhead(
+        size=args.size_mib << 20, block=args.block_kib << 10, repeats=args.repeats
+    )
+    print(
+        f"{args.size_mib} MiB in {args.block_kib} KiB O_DIRECT reads, one synchronous reader, "
+        "default model:"
+    )
+    for r in results:
+        print(
+            f"  per request (median): daemon {r.daemon_median:6.1%}  reader {r.reader_median:6.1%}"
+            f"   whole read {r.client:6.1%}  {r.mbps:5.0f} MB/s  ({r.requests} requests, "
+            f"modelled {r.modelled_s:.3f} s, wall {r.wall_s:.3f} s)"
+        )
     return 0
 
 
@@ -119,6 +139,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "drop":
             a.add_argument("--node", type=int, default=None, help="only this node's view")
         a.set_defaults(func=_guard(fn))
+
+    ov = acts.add_parser("overhead", help="measure the emulator's own overhead here")
+    ov.add_argument("--size-mib", type=int, default=64)
+    ov.add_argument("--block-kib", type=int, default=1024)
+    ov.add_argument("--repeats", type=int, default=3)
+    ov.set_defaults(func=_guard(_overhead))
 
     def _help(args: argparse.Namespace) -> int:
         p.print_help()

@@ -132,6 +132,28 @@ def _force_unmount(mnt: str) -> None:
                 return
 
 
+def unmount(path: str | os.PathLike[str], timeout: float = 10.0) -> None:
+    """Stop the emulator whose mount holds *path*; a mount whose daemon died (it only
+    answers "transport endpoint is not connected") is detached lazily.
+
+    Raises
+    ------
+    ConfigError
+        *path* is not on an emulator mount.
+    """
+    root = mount_root(path)
+    if root is None:
+        raise ConfigError(f"{os.fspath(path)} is not on a feedline emulator mount")
+    try:
+        emu = Emulator.attach(root)
+    except (OSError, ValueError, KeyError):
+        _force_unmount(root)
+        with contextlib.suppress(OSError):
+            os.unlink(log_path_for(root))
+        return
+    emu.stop(timeout=timeout)
+
+
 class Emulator:
     """A running storage emulator: ``MNT/node0`` ... ``MNT/node{M-1}`` are views of *src*.
 
