@@ -186,6 +186,7 @@ def run_scenario(
     batch_size: int,
     assignment: str = "contiguous",
     seed: int = 0,
+    runner_modules: Sequence[str] = (),
 ) -> dict[str, Any] | None:
     """Run *runs* side by side on *dataset* and report them.
 
@@ -204,6 +205,9 @@ def run_scenario(
         Peers' sample assignment (runs may override it).
     seed : int
         Passed to loaders.
+    runner_modules : sequence of str
+        Modules every rank imports before building runners (scenarios that register
+        their own runners with ``register_runner``).
 
     Returns
     -------
@@ -246,6 +250,7 @@ def run_scenario(
         "limit": {"enabled": not args.no_limit, "block": int(args.limit_block), "direct": True},
         "digest": not args.no_digest,
         "warmup": not args.no_warmup,
+        "runner_modules": list(runner_modules),
     }
     if args.baseline and args.baseline not in {r.name for r in runs}:
         raise ConfigError(f"--baseline {args.baseline!r} is not a run: {[r.name for r in runs]}")

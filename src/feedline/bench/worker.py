@@ -13,6 +13,7 @@ reading when ranks outnumber cores.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import resource
@@ -327,10 +328,12 @@ def execute(config: dict[str, Any], comm: Any = None) -> dict[str, Any] | None:
         ``{"name", "runner", "options", "params"}``), ``batch_size``, ``steps``,
         ``compute_ms``, ``repeats``, ``seed``, ``assignment``, ``baseline``, ``nodes``,
         ``limit`` (``{"enabled", "block", "direct"}``), ``digest`` (bool), ``warmup``
-        (bool, default True).
+        (bool, default True), ``runner_modules`` (modules to import first).
     comm : mpi4py communicator, optional
         None for a single process.
     """
+    for mod in config.get("runner_modules") or ():
+        importlib.import_module(mod)  # scenario-defined runners register themselves
     names = [r["name"] for r in config["runs"]]
     if len(set(names)) != len(names):
         raise ConfigError(f"run names must be unique: {names}")
