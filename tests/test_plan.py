@@ -398,3 +398,17 @@ def test_presets_and_overrides():
         get_strategy("lmm", warp_speed=True)
     assert Strategy(readers_per_node=None).readers_for(16) == 1
     assert Strategy(readers_per_node=None).readers_for(36) == 2
+
+
+def test_chunk_column_reads_whole_groups():
+    # windows are whole groups per column: no group is read twice, nothing read for nothing
+    n, B, P, g, size = 5000, 32, 4, 8, 10
+    s = Strategy(assignment="chunk", chunk=g, readers_per_node=1)
+    plan = make_plan(FlatRecords(n, size), WorldSpec(P, 2), s, 9, 0, B, memory_cap=1 << 24)
+    from feedline.plan.reads import window_steps
+
+    assert window_steps(plan) % g == 0
+    ops = [op for r in plan.readers for op in plan.reads(r)]
+    assert sum(op.nbytes for op in ops) == sum(op.payload for op in ops) == n * size
+    # at most one extent per group (plus the short groups of the column ends)
+    assert sum(op.num_reads for op in ops) <= n // g + B

@@ -111,7 +111,11 @@ class Plan:
     def ids_at(self, positions) -> np.ndarray:
         """Sample ids at global positions of the epoch order (vectorised)."""
         q = self._geo.to_stream(np.asarray(positions, dtype=np.int64), self._layout)
-        if self.total > self.n and not isinstance(self._stream, _Shifted):
+        if (
+            self.total > self.n
+            and not isinstance(self._stream, _Shifted)
+            and not getattr(self._stream, "wraps", False)
+        ):
             # circular: the last step wraps to the start of the order
             q = q % self.n
         return self._stream.take(q)
@@ -316,7 +320,7 @@ def make_plan(
         first_step=0,
         memory_cap=cap,
         _geo=geo,
-        _stream=a.make(n, strategy, key),
+        _stream=a.make_geo(n, strategy, key, geo) if a.make_geo else a.make(n, strategy, key),
         _layout=a.layout(strategy),
     )
 

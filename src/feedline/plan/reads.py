@@ -9,7 +9,8 @@ included) fits half the node's memory cap (one window consumed while the next is
 A window's samples are sorted by location, split among the unit's k readers into
 contiguous byte ranges, and merged into extents across holes of at most
 ``coalesce_gap`` bytes (also without coalescing; never with ``sample_reads``). The
-async-I/O presets (chunk, rank layout) use windows of one group's worth of steps. Each operation says which samples land in which step's buffer
+async-I/O presets (chunk, rank layout) use windows of one group's worth of steps; the
+chunk column layout uses windows of a multiple of g steps, so every read is whole groups. Each operation says which samples land in which step's buffer
 slot and at which byte of the operation's buffer, and which steps it serves (the buffer's
 lifetime).
 """
@@ -128,26 +129,35 @@ def window_steps(plan: Plan) -> int:
             "raise memory_cap or lower the batch size"
         )
     w_cap = cap // max(worst_step, 1)
-    if s.assignment == "chunk" and s.chunk_layout == "rank" and not s.coalesce_bytes:
-        # the async-I/O paper's I/O thread reads one whole group per read (§III)
+    steps_max = max(plan.num_steps, 1)
+    if s.assignment == "chunk":
         from .assign_chunk import chunk_size
 
         g = chunk_size(plan.n, s)
-        return int(
-            max(
-                1,
-                min(
-                    w_cap,
-                    -(-g // max(1, plan.batch_size // plan.world.size)),
-                    max(plan.num_steps, 1),
-                ),
+        if s.chunk_layout == "rank" and not s.coalesce_bytes:
+            # the async-I/O paper's I/O thread reads one whole group per read (§III)
+            per_rank = max(1, plan.batch_size // plan.world.size)
+            return int(max(1, min(w_cap, -(-g // per_rank), steps_max)))
+        if s.chunk_layout == "column":
+            # a column consumes one group per g steps: windows of whole groups
+            w = (
+                g
+                if not s.coalesce_bytes or s.sample_reads
+                else _coalesce_target(plan, k, mean_unit)
             )
-        )
+            w = -(-w // g) * g
+            if w > w_cap:
+                w = w_cap // g * g or w_cap
+            return int(max(1, min(w, steps_max)))
     if s.coalesce_bytes <= 0 or s.sample_reads:
         return 1
+    return int(max(1, min(w_cap, _coalesce_target(plan, k, mean_unit), steps_max)))
+
+
+def _coalesce_target(plan: Plan, k: int, mean_unit: float) -> int:
+    """Steps whose mean data per reader reaches ``coalesce_bytes``."""
     mean_step = max(mean_unit * plan.records.mean_length, 1.0)
-    w_target = int(np.ceil(k * s.coalesce_bytes / mean_step))
-    return int(max(1, min(w_cap, w_target, max(plan.num_steps, 1))))
+    return max(1, int(np.ceil(k * plan.strategy.coalesce_bytes / mean_step)))
 
 
 def windows(plan: Plan) -> list[range]:

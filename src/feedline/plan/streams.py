@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,6 +34,8 @@ class Assignment:
     make: Callable[[int, Strategy, np.uint64], Stream]
     layout: Callable[[Strategy], str]
     world_independent: Callable[[Strategy], bool]
+    #: optional: build the stream knowing the epoch geometry (steps, batch)
+    make_geo: Callable[[int, Strategy, np.uint64, Any], Stream] | None = None
 
 
 ASSIGNMENT_REGISTRY: dict[str, Assignment] = {}
