@@ -160,9 +160,10 @@ def test_cli_flat_single_preset_and_errors(capsys):
 
 @pytest.mark.full
 def test_cli_at_paper_scale_is_fast(capsys):
-    t0 = time.perf_counter()
+    # CPU time: the machine is shared, wall time measures the neighbours
+    t0 = time.process_time()
     rc = main(
         ["plan", "--ranks", "9216", "--nodes", "256", "--preset", "all", "--batch", "18432",
          "--samples", "50000000", "--sample-bytes", "3072", "--layout", "lmdb"]
     )  # fmt: skip
-    assert rc == 0 and time.perf_counter() - t0 < 10
+    assert rc == 0 and time.process_time() - t0 < 10
