@@ -69,13 +69,11 @@ ROWS = {
 
 
 def cache_root() -> str:
-    """Where the demo keeps its dataset: ``$FEEDLINE_CACHE``, else
-    ``$XDG_CACHE_HOME/feedline``, else ``~/.cache/feedline``."""
-    env = os.environ.get("FEEDLINE_CACHE")
-    if env:
-        return env
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "feedline")
+    """Where the demo keeps its dataset: ``demo/`` in feedline's cache directory
+    (``FEEDLINE_CACHE_DIR``, default ``~/.cache/feedline``)."""
+    from . import defaults
+
+    return os.path.join(defaults.get("cache_dir"), "demo")
 
 
 def demo_presets(requested: Sequence[str] | None = None) -> list[str]:
@@ -377,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
                 root = tmp_cache = tempfile.mkdtemp(prefix="feedline-demo-data-")
                 stack.callback(shutil.rmtree, tmp_cache, ignore_errors=True)
             src = ensure_dataset(
-                root or os.path.join(cache_root(), "demo"),
+                root or cache_root(),
                 samples,
                 args.seed,
                 fresh=args.fresh,
@@ -485,7 +483,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         default=None,
         help="where the dataset is kept and reused (default "
-        "$FEEDLINE_CACHE or ~/.cache/feedline, subdirectory demo)",
+        "$FEEDLINE_CACHE_DIR/demo, i.e. ~/.cache/feedline/demo)",
     )
     p.add_argument(
         "--no-cache",
