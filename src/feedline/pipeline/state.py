@@ -22,7 +22,9 @@ VERSION = 1
 MAX_BYTES = 4096
 MAX_CHAIN = 64
 #: strategy knobs that shape the epoch order; a resumed loader must agree on them
-ORDER_KNOBS = ("assignment", "chunk", "chunk_layout", "memory_fraction", "circular")
+ORDER_KNOBS = (
+    "assignment", "chunk", "chunk_layout", "region", "memory_fraction", "circular", "rl_floor"
+)
 
 
 def _digest(body: dict[str, Any]) -> str:
