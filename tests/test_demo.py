@@ -163,24 +163,56 @@ def test_local_disk_is_said_plainly(tmp_path):
 
 
 @pytest.mark.mpi
-def test_refuses_to_run_under_mpiexec(tmp_path):
+def test_under_mpiexec_needs_a_path_then_runs_in_the_job(tmp_path):
     from feedline.bench.harness import mpiexec_command
+    from feedline.make import generate
 
-    cmd = [
-        mpiexec_command(),
-        "-n",
-        "1",
-        sys.executable,
-        "-m",
-        "feedline",
-        "demo",
-        "--quick",
-        "--cache",
-        str(tmp_path),
-    ]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    demo = [sys.executable, "-m", "feedline", "demo", "--quick", "--no-plots"]
+    p = subprocess.run(
+        [mpiexec_command(), "-n", "2", *demo, "--cache", str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert p.returncode == 1 and "without mpiexec" in p.stderr, p.stderr
-    assert not os.listdir(tmp_path)  # refused before generating anything
+    assert not (tmp_path / "c").exists()  # refused before generating anything
+
+    # on cluster storage: every rank of the job reads --path; rank 0 alone reports
+    data = generate("cifar10-large", tmp_path / "db", samples=600, seed=1, progress=False)
+    p = subprocess.run(
+        [
+            mpiexec_command(),
+            "-n",
+            "2",
+            *demo,
+            "--path",
+            data,
+            "--nodes",
+            "2",
+            "--presets",
+            "feedline",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("physical limit:") == 1 and "2 ranks / 2 nodes" in p.stdout
+    assert list(_rows(p.stdout)) == [BASELINE, FEEDLINE, CURSOR]
+    doc = json.loads((tmp_path / "out" / "demo.json").read_text())
+    assert {(r["ranks"], r["nodes"]) for r in doc["runs"]} == {(2, 2)}
+    runs = {r["name"]: r for r in doc["runs"]}
+    assert runs[CURSOR]["digest"] == runs[BASELINE]["digest"]
+    # every record delivered once per run: the payload is the whole dataset
+    from feedline import open_dataset
+
+    with open_dataset(data) as ds:
+        total = int(ds.index.lengths.sum())
+    assert runs[FEEDLINE]["payload_bytes"] == runs[BASELINE]["payload_bytes"] == total
 
 
 def _group_gone(pgid: int, timeout: float) -> bool:

@@ -64,6 +64,14 @@ ROWS = {
     "lmm-dio-prov-coal": "+ §4.5 coalesced reads (memory cap)",
     "lmm-dio-prov-coal-stag": "+ §4.6 staggered by tokens",
     "feedline": "feedline's default",
+    "skip": "MPI-Caffe original: read one, skip P-1",
+    "contiguous": "MPI-Caffe improved: one region per rank",
+    "tf": "async-I/O paper TF: per-sample reads",
+    "tf-pre": "async-I/O paper TF-Pre: + prefetch",
+    "async": "async-I/O paper: shuffled groups, I/O thread",
+    "async-db": "async-I/O paper: + double buffering",
+    "deepio-ordered": "DeepIO-Base: ordered",
+    "deepio-opportunistic": "DeepIO-Opp: opportunistic order",
     CURSOR: "reference: liblmdb cursor (py-lmdb)",
 }
 
@@ -326,29 +334,32 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo described by parsed *args*; 0 when every run succeeded."""
-    from .bench.harness import run_scenario
+    from .bench.harness import is_root, run_scenario
     from .bench.runners import DatasetSpec
+    from .bench.worker import under_mpiexec
 
-    echo = _echo
+    in_job = under_mpiexec()
+    if in_job and not args.path:
+        raise ConfigError(
+            "run 'feedline demo' without mpiexec: it launches its own job (--ranks, "
+            "--nodes); under mpiexec or srun give --path (a dataset every rank can read)"
+        )
+    echo = _echo if is_root() else _silent
     t_start = time.perf_counter()
     samples = args.samples or (QUICK_SAMPLES if args.quick else DEFAULT_SAMPLES)
     batch = args.batch_size or (QUICK_BATCH if args.quick else DEFAULT_BATCH)
-    from .bench.worker import under_mpiexec
-
-    if under_mpiexec():
-        raise ConfigError(
-            "run 'feedline demo' without mpiexec: it launches its own job (--ranks, --nodes)"
-        )
     if samples < 1 or batch < 1:
         raise ConfigError("--samples and --batch-size must be >= 1")
-    if args.ranks < 1 or not 1 <= args.nodes <= args.ranks:
+    # in a job started by mpiexec/srun the job's size is the world: --ranks is ignored
+    ranks = None if in_job else args.ranks
+    if args.nodes < 1 or (ranks is not None and not args.nodes <= ranks):
         raise ConfigError(f"need 1 <= --nodes ({args.nodes}) <= --ranks ({args.ranks})")
     presets = demo_presets([p for p in (args.presets or "").split(",") if p])
     runs = build_runs(presets, cursor=not args.no_cursor)
     # the harness's own options, with the demo's choices
     bench_args = argparse.Namespace(
         json=args.json,
-        ranks=args.ranks,
+        ranks=ranks,
         nodes=args.nodes,
         path=None,
         quick=args.quick,
@@ -387,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
         echo(f"storage: {store.description}")
         echo(
             f"running {len(runs)} configurations x {bench_args.repeats} repeat(s) on "
-            f"{args.ranks} ranks / {args.nodes} nodes, global batch {batch}, "
+            f"{_job_size(ranks)} ranks / {args.nodes} nodes, global batch {batch}, "
             "each from cold cache ..."
         )
         # the harness prints its full Markdown table; the demo shows its own summary
@@ -426,8 +437,21 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(r.get("error") for r in doc["runs"]) else 0
 
 
+def _job_size(ranks: int | None) -> int:
+    if ranks is not None:
+        return ranks
+    from .bench.worker import world_comm
+
+    comm = world_comm()
+    return comm.Get_size() if comm is not None else 1
+
+
 def _echo(msg: str) -> None:
     print(msg, flush=True)
+
+
+def _silent(msg: str) -> None:
+    """Ranks other than 0 of a job started under mpiexec print nothing."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -495,8 +519,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--path",
         metavar="P",
         default=None,
-        help="use this LMDB instead of generating one ({node} = node index; "
-        "e.g. a dataset on real cluster storage); no emulator",
+        help="use this LMDB instead of generating one ({node} = node index), "
+        "with no emulator; e.g. a dataset on cluster storage, where the demo may also "
+        "be started by mpiexec or srun",
     )
     p.add_argument(
         "--no-emulator",
