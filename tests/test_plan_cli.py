@@ -167,3 +167,13 @@ def test_cli_at_paper_scale_is_fast(capsys):
          "--samples", "50000000", "--sample-bytes", "3072", "--layout", "lmdb"]
     )  # fmt: skip
     assert rc == 0 and time.process_time() - t0 < 10
+
+
+def test_cli_over_a_records_file(tmp_path, capsys):
+    path = tmp_path / "x.bin"
+    np.arange(1000 * 64, dtype=np.float32).tofile(path)
+    argv = ["plan", str(path), "--format", "records", "--record-bytes", "256", "--ranks", "8"]
+    assert main([*argv, "--nodes", "2", "--batch", "32", "--preset", "tf", "--json", "-"]) == 0
+    text = capsys.readouterr().out
+    row = json.loads(text[text.index("{") :])["presets"][0]
+    assert row["payload_bytes_total"] == 1000 * 256 and row["ops_per_reader"] == 125

@@ -31,6 +31,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", nargs="?", help="dataset to plan over (its index is read)")
+    p.add_argument("--format", default=None, help="dataset format when PATH is ambiguous")
+    p.add_argument(
+        "--record-bytes", type=int, default=None, help="records format: bytes per record"
+    )
     p.add_argument("--ranks", type=int, default=1, help="MPI ranks P (default 1)")
     p.add_argument("--nodes", type=int, default=1, help="nodes M (default 1)")
     p.add_argument("--preset", default="all", help="preset name, comma list, or 'all' (default)")
@@ -56,7 +60,8 @@ def _records(args):
         from ..dataset import open_dataset
         from .records import as_records
 
-        ds = open_dataset(args.path)
+        opts = {"record_bytes": args.record_bytes} if args.record_bytes else {}
+        ds = open_dataset(args.path, format=getattr(args, "format", None), **opts)
         idx = ds.index
         return as_records(idx), f"{args.path} ({ds.format}, {len(idx)} records)"
     if not args.samples:
