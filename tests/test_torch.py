@@ -52,11 +52,16 @@ def test_yields_tensors_exactly_once(records, monkeypatch):
         assert fd.state_dict()["step"] == 5
 
 
-def test_worker_processes_are_refused(records, monkeypatch):
+@pytest.mark.parametrize("context", ["spawn", "fork"])
+def test_worker_processes_are_refused(records, monkeypatch, context):
     _clear_launch_env(monkeypatch)
+    if context == "fork" and "jax" in sys.modules:
+        pytest.skip("JAX (imported by another test) warns on fork")
     ds, _ = records
     with FeedlineDataset(ds, 20, preset="tf") as fd:
-        dl = torch.utils.data.DataLoader(fd, batch_size=None, num_workers=1)
+        dl = torch.utils.data.DataLoader(
+            fd, batch_size=None, num_workers=1, multiprocessing_context=context
+        )
         with pytest.raises(ConfigError, match="num_workers=0"):
             next(iter(dl))
 

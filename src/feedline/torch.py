@@ -136,14 +136,13 @@ class FeedlineDataset(IterableDataset):
         return _TorchBatch(data, labels, ids, batch)
 
     def __iter__(self) -> Iterator[tuple]:
-        if get_worker_info() is not None:
-            raise ConfigError(
-                "feedline.torch.FeedlineDataset runs its own reader threads and splits the data "
-                "among ranks itself: use DataLoader(..., batch_size=None, num_workers=0) or "
-                "iterate the dataset directly"
-            )
+        if get_worker_info() is not None:  # forked DataLoader worker
+            raise ConfigError(_NO_WORKERS)
         for tb in self.loader:
             yield (tb.data, tb.labels, tb.ids) if self.with_ids else (tb.data, tb.labels)
+
+    def __getstate__(self):  # spawned DataLoader workers pickle the dataset
+        raise ConfigError(_NO_WORKERS)
 
     # ------------------------------------------------------------ delegation
     def __len__(self) -> int:
@@ -174,6 +173,13 @@ class FeedlineDataset(IterableDataset):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_NO_WORKERS = (
+    "feedline.torch.FeedlineDataset runs its own reader threads and splits the data among "
+    "ranks itself: use DataLoader(..., batch_size=None, num_workers=0) or iterate the "
+    "dataset directly"
+)
 
 
 class _TorchBatch:
