@@ -473,10 +473,11 @@ def test_open_dataset_through_a_view_keeps_its_sidecar_elsewhere(tmp_path, monke
 
 @pytest.mark.fuse
 @needs_fuse
-def test_sigterm_unmounts_cleanly(src, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_unmount_cleanly(src, tmp_path, sig):
     emu = Emulator(src, tmp_path / "mnt", nodes=1, params=FAST).start()
     assert is_mounted(emu.mountpoint)
-    os.kill(emu.pid, signal.SIGTERM)
+    os.kill(emu.pid, sig)
     assert emu.wait(timeout=10) == 0  # a clean exit, not a crash
     assert not is_mounted(emu.mountpoint)
     emu.stop()  # idempotent
