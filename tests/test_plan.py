@@ -99,7 +99,7 @@ def test_keyed_permutation_is_a_bijection(n, seed, inverse):
     "strategy", ASSIGNMENT_STRATEGIES, ids=lambda s: f"{s.assignment}-{s.chunk_layout}-{s.region}"
 )
 @given(job=jobs(), seed=st.integers(0, 2**40), epoch=st.integers(0, 1000))
-@settings(max_examples=40)
+@settings(max_examples=25)
 def test_exactly_once_and_equal_steps(strategy, job, seed, epoch):
     n, world, B, drop = job
     plan = make_plan(n, world, strategy, seed, epoch, B, drop)
@@ -307,7 +307,7 @@ def test_reads_cover_every_step_under_the_cap(preset, job, size, cap_steps):
 
 
 @given(job=jobs(max_n=150), data=st.data())
-@settings(max_examples=30)
+@settings(max_examples=20)
 def test_coalesced_and_staggered_plans_deliver_the_same_samples(job, data):
     n, world, B, drop = job
     lengths = np.array(
