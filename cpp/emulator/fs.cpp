@@ -30,7 +30,7 @@ namespace feedline::emulator {
 namespace {
 
 constexpr double kAttrTimeout = 1.0;  // the source is static; short enough to see new sidecars
-constexpr std::size_t kAlign = 4096;  // buffer alignment (page)
+constexpr std::size_t kAlign = 4096;  // read buffers are page-aligned
 
 Filesystem& fs_of(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
 
@@ -72,7 +72,8 @@ struct DirHandle {
   std::vector<Entry> entries;
 };
 
-// A per-thread read buffer, aligned for O_DIRECT and grown on demand.
+// A per-thread read buffer, page-aligned and grown on demand (never shrunk: a worker
+// serves requests of similar sizes).
 struct Buffer {
   char* data = nullptr;
   std::size_t size = 0;
@@ -434,8 +435,6 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
     fuse_reply_err(req, static_cast<int>(-n));
     return;
   }
-  // Fill the record before replying: once the reply is out, the application may close
-  // the file and a release on another thread may free the handle.
   RequestRecord r;
   r.arrival = arrival;
   r.modelled = charge.cost;

@@ -200,13 +200,10 @@ class Emulator:
         if int(nodes) < 1:
             raise ConfigError(f"nodes must be >= 1, got {nodes}")
         self.src = os.path.realpath(src)
-        self.mountpoint = os.path.abspath(mnt)
+        self.mountpoint = os.path.realpath(mnt)
         self.nodes = int(nodes)
-        self.params = (
-            (params or EmulatorParams()).replace(**overrides)
-            if overrides
-            else (params or EmulatorParams())
-        )
+        base = params or EmulatorParams()
+        self.params = base.replace(**overrides) if overrides else base
         self.detach = detach
         self.timeout = float(timeout)
         self.pid: int | None = None
