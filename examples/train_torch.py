@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
+import shutil
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -39,18 +40,17 @@ def mpi_comm():
 
 
 def init_ddp(comm) -> tuple[int, int]:
-    """torch.distributed over gloo, rendezvous on a port rank 0 picked and broadcast."""
+    """torch.distributed over gloo; the rendezvous is a file rank 0 names (no port race)."""
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     if size > 1:
-        port = None
-        if rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port, root=0)
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+        store = (
+            os.path.join(tempfile.mkdtemp(prefix="feedline-ddp-"), "store") if rank == 0 else None
         )
+        store = comm.bcast(store, root=0)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+        comm.Barrier()  # everyone has joined: the rendezvous directory can go
+        if rank == 0:
+            shutil.rmtree(os.path.dirname(store), ignore_errors=True)
     return rank, size
 
 
