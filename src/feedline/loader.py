@@ -160,7 +160,7 @@ class Loader:
             world=self.world.dist,
             memory_cap=self.memory_cap,
             ranks_per_node=self.world.ranks_per_node,
-            extra={},
+            extra={"knobs": dict(knobs)},
         )
         self._source: Source = SOURCES[self._source_name](ctx)
         self._epoch = 0
@@ -203,8 +203,8 @@ class Loader:
         if self._source_name == "direct" and st.aggregated:
             # node aggregation needs the node source (MPI windows); direct reads per rank
             st = st.replace(readers_per_node=0)
-        if st.stagger:
-            st = st.replace(stagger=0)  # token passing is the LMDBIO sources' (not yet here)
+        if st.stagger and not getattr(SOURCES[self._source_name], "staggers", False):
+            st = st.replace(stagger=0)  # token passing is the LMDBIO source's
         if self._source_name == "node" and not st.aggregated:
             st = st.replace(readers_per_node=None)  # LMDBIO's rule: 1 reader <= 16 ranks
         return st

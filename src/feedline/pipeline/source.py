@@ -156,3 +156,5 @@ def _load() -> None:
 
     with contextlib.suppress(ImportError):  # pragma: no cover - needs dist.world
         from . import node  # noqa: F401
+    with contextlib.suppress(ImportError):  # the LMDBIO / MPI-Caffe presets
+        from ..sources import lmdbio  # noqa: F401

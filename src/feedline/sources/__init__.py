@@ -1,0 +1,1 @@
+"""Loader sources that reproduce papers' readers (LMDBIO, MPI-Caffe); importing registers them."""
