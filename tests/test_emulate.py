@@ -21,7 +21,7 @@ import pytest
 
 from feedline.cli import main as cli_main
 from feedline.emulate import Emulator, EmulatorParams, EmulatorUnavailable, check_available
-from feedline.emulate.mount import EXIT_UNAVAILABLE, is_mounted
+from feedline.emulate.mount import EXIT_UNAVAILABLE, is_mounted, log_path_for
 from feedline.errors import ConfigError
 
 KiB = 1024
@@ -482,6 +482,41 @@ def test_signals_unmount_cleanly(src, tmp_path, sig):
     assert not is_mounted(emu.mountpoint)
     emu.stop()  # idempotent
     assert os.listdir(emu.mountpoint) == []
+
+
+@pytest.mark.fuse
+@needs_fuse
+def test_daemon_exits_when_its_owner_dies_without_stopping_it(src, tmp_path):
+    import subprocess
+    import sys
+
+    mnt = tmp_path / "mnt"
+    code = (
+        "import os, sys\n"
+        "from feedline.emulate import Emulator\n"
+        f"e = Emulator({str(src)!r}, {str(mnt)!r}, nodes=1).start()\n"
+        "print(e.pid, flush=True)\n"
+        "os._exit(0)  # no stop(), no atexit\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while is_mounted(mnt) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not is_mounted(mnt)
+    while time.monotonic() < deadline:  # gone (reaped by init, or a zombie at most)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the daemon outlived its owner")
+    os.unlink(log_path_for(mnt))  # an owner that dies leaves only its log
 
 
 @pytest.mark.fuse

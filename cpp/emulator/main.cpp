@@ -12,6 +12,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +52,7 @@ const char* kUsage =
     "  --log-requests N         requests kept in the log, 0 = totals only (65536)\n"
     "  --max-threads N          FUSE worker threads (128)\n"
     "  --path-us X              kernel path reader<->daemon inside the latency, < 0 = measure (-1)\n"
+    "  --exit-with-parent       unmount and exit when the parent process ends\n"
     "  --debug                  libfuse debug output on stderr\n"
     "  -o OPT                   extra FUSE mount option\n";
 
@@ -78,6 +82,7 @@ long long parse_int(const std::string& name, const std::string& v, long long lo,
 struct Parsed {
   fe::Options opts;
   std::vector<std::string> fuse_opts;
+  bool exit_with_parent = false;
 };
 
 Parsed parse(int argc, char** argv) {
@@ -92,6 +97,10 @@ Parsed parse(int argc, char** argv) {
     }
     if (a == "--debug") {
       o.debug = true;
+      continue;
+    }
+    if (a == "--exit-with-parent") {
+      p.exit_with_parent = true;
       continue;
     }
     if (a == "-o") {
@@ -254,7 +263,14 @@ int main(int argc, char** argv) {
   fs->set_session(se);
 
   // Configure and announce from a helper: stat() of the mount needs the loop running.
-  std::thread helper([&fs, &o] {
+  // Then, with --exit-with-parent, watch the parent: a test or bench that dies without
+  // stopping its emulator must not leave a mount behind. (Not PR_SET_PDEATHSIG: that
+  // fires when the parent *thread* ends, which a Python worker thread may well do.)
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool loop_done = false;
+  const pid_t parent = getppid();
+  std::thread helper([&fs, &o, &p, &stop_mu, &stop_cv, &loop_done, parent] {
     fs->set_effective_readahead(configure_readahead(o.mountpoint, o.readahead_kib));
     // Never more than half the modelled latency: the model's latency stays meaningful.
     const double cap = 0.5 * o.model.latency_us * 1e-6;
@@ -268,6 +284,14 @@ int main(int argc, char** argv) {
     }
     std::printf("ready %d\n", static_cast<int>(getpid()));
     std::fflush(stdout);
+    if (!p.exit_with_parent) return;
+    std::unique_lock lock(stop_mu);
+    while (!stop_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return loop_done; })) {
+      if (getppid() != parent) {
+        kill(getpid(), SIGTERM);  // the same clean path as an outside SIGTERM
+        return;
+      }
+    }
   });
 
   fuse_loop_config* cfg = fuse_loop_cfg_create();
@@ -276,6 +300,11 @@ int main(int argc, char** argv) {
   const int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
 
+  {
+    std::lock_guard lock(stop_mu);
+    loop_done = true;
+  }
+  stop_cv.notify_all();
   helper.join();
   fuse_remove_signal_handlers(se);
   fuse_session_unmount(se);

@@ -174,7 +174,9 @@ class Emulator:
         ``Emulator(src, mnt, nodes=2, latency_us=100)``.
     detach : bool
         Run the daemon in its own session so that it outlives this process (the CLI's
-        ``up``); a detached daemon is stopped with ``feedline emulate down``.
+        ``up``); a detached daemon is stopped with ``feedline emulate down``. Otherwise
+        the daemon unmounts and exits by itself when this process ends, even if it
+        ends without :meth:`stop`.
     timeout : float
         Seconds to wait for the mount to come up or go away.
 
@@ -256,7 +258,10 @@ class Emulator:
 
         self.log_path = log_path_for(self.mountpoint)
         log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        argv = [binary, *self.params.argv(), "--nodes", str(self.nodes), self.src, self.mountpoint]
+        argv = [binary, *self.params.argv(), "--nodes", str(self.nodes)]
+        if not self.detach:  # a process that dies without stop() leaves no mount behind
+            argv.append("--exit-with-parent")
+        argv += [self.src, self.mountpoint]
         rfd, wfd = os.pipe()
         try:
             # posix_spawn, not subprocess: a detached daemon outlives us, and nothing must
@@ -280,6 +285,9 @@ class Emulator:
             self.pid = self._wait_ready(rfd)
         except BaseException:
             self._kill()
+            self.pid = None
+            with contextlib.suppress(OSError):  # its tail is in the exception's message
+                os.unlink(self.log_path)
             raise
         finally:
             os.close(rfd)
