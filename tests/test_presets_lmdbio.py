@@ -73,12 +73,16 @@ def check(res: dict, P: int, nodes: int) -> None:
     for name, r in res.items():
         assert len(r["ranks"]) == P and r["nodes"] == nodes, name
         assert r["source"] == "lmdbio", name
+        epochs = 1 + max(x[0] for rank in r["ranks"] for x in rank)
         for rank in r["ranks"]:
-            assert [x[1] for x in rank] == list(range(r["steps"])), f"{name}: steps"
+            assert [x[:2] for x in rank] == [
+                [e, s] for e in range(epochs) for s in range(r["steps"])
+            ], f"{name}: steps"
             for x in rank:
                 assert x[3] == x[4], f"{name}: step {x[1]} bytes differ from Dataset.read"
-        ids = sorted(i for rank in r["ranks"] for x in rank for i in x[2])
-        assert ids == list(range(r["n"])), f"{name}: not exactly once"
+        for e in range(epochs):
+            ids = sorted(i for rank in r["ranks"] for x in rank if x[0] == e for i in x[2])
+            assert ids == list(range(r["n"])), f"{name}: epoch {e} not exactly once"
     for name in PRESETS:
         r = res[name]
         base = res[BASELINE[(r["assignment"], r["region"])]]
