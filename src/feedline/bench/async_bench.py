@@ -41,7 +41,15 @@ from ..errors import ConfigError
 from . import report
 from .digest import DeliveryRecorder
 from .harness import RunSpec, add_common_arguments, is_root, run_scenario
-from .runners import DatasetSpec, RunContext, RunOutcome, _PeerBase, register_runner
+from .runners import (
+    _LOADER_STATS,
+    DatasetSpec,
+    LoaderRunner,
+    RunContext,
+    RunOutcome,
+    _PeerBase,
+    register_runner,
+)
 from .worker import under_mpiexec
 
 PRESETS = ("tf", "tf-pre", "async", "async-db")
@@ -118,6 +126,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
 
 
+# ----------------------------------------------------------------------- runners
+
+
+class _Timing:
+    """Where a rank's epoch went besides the waits: Loader/DataLoader start-up, the
+    first step's wait (the cold-start read no prefetching can hide) and the compute
+    actually slept (emulated compute plus the scheduler's wake-up latency)."""
+
+    def __init__(self) -> None:
+        self.startup_s = 0.0
+        self.first_wait_s = 0.0
+        self.compute_s = 0.0
+
+    def compute(self, ctx: RunContext) -> None:
+        t0 = time.perf_counter()
+        ctx.compute()
+        self.compute_s += time.perf_counter() - t0
+
+    def extra(self) -> dict[str, float]:
+        return {
+            "startup_s": self.startup_s,
+            "first_wait_s": self.first_wait_s,
+            "compute_actual_s": self.compute_s,
+        }
+
+
+@register_runner("loader-timed")
+class TimedLoaderRunner(LoaderRunner):
+    """``loader:<preset>`` that also reports start-up, first-wait and actual compute
+    seconds (in ``stats.extra``)."""
+
+    def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
+        out, tm = RunOutcome(), _Timing()
+        t0 = time.perf_counter()
+        loader = self._loader = self._Loader(
+            self._ds,
+            ctx.batch_size,
+            preset=self.preset,
+            seed=ctx.seed,
+            comm=ctx.comm,
+            decode=False,
+            **self.options,
+        )
+        loader.set_epoch(0)
+        it = iter(loader)
+        tm.startup_s = time.perf_counter() - t0
+        steps = len(loader) if ctx.steps is None else min(ctx.steps, len(loader))
+        for step in range(steps):
+            t0 = time.perf_counter()
+            batch = next(it)
+            wait = time.perf_counter() - t0
+            out.exposed_io_s += wait
+            if step == 0:
+                tm.first_wait_s = wait
+            rec.add(step, batch.ids, batch.lengths, np.ascontiguousarray(batch.data))
+            tm.compute(ctx)
+        stats = dict(loader.stats() or {})
+        for key, names in _LOADER_STATS.items():
+            for nm in names:
+                if isinstance(stats.get(nm), int | float):
+                    setattr(out, key, stats[nm])
+                    break
+        out.extra = {k: v for k, v in stats.items() if isinstance(v, int | float | str | bool)}
+        out.extra |= tm.extra()
+        return out
+
+
 # ------------------------------------------------------------------ the h5py peer
 
 
@@ -180,23 +255,29 @@ class TorchH5Runner(_PeerBase):
         name = (index.meta or {}).get("dataset")
         if not name:
             raise ConfigError("torch-h5py reads HDF5 datasets only")
-        out = RunOutcome()
+        out, tm = RunOutcome(), _Timing()
+        t0 = time.perf_counter()
         self._ds = _H5Samples(index.files, index.file_ids, name)
         kw: dict[str, Any] = {"num_workers": self.workers, "collate_fn": _collate}
         if self.workers > 0:
             kw.update(prefetch_factor=self.prefetch, multiprocessing_context="fork")
         batches = [s.tolist() for s in self._steps]
         it = iter(DataLoader(self._ds, batch_sampler=batches, **kw))
+        tm.startup_s = time.perf_counter() - t0
         for step in range(len(batches)):
             t0 = time.perf_counter()
             ids, lens, raw = next(it)
-            out.exposed_io_s += time.perf_counter() - t0
+            wait = time.perf_counter() - t0
+            out.exposed_io_s += wait
+            if step == 0:
+                tm.first_wait_s = wait
             out.storage_ops += len(ids)
             out.storage_bytes += len(raw)
             rec.add(step, ids, lens, raw)
-            ctx.compute()
+            tm.compute(ctx)
         del it
         out.io_s = out.exposed_io_s if self.workers == 0 else float("nan")
+        out.extra = tm.extra()
         return out
 
     def close(self) -> None:
@@ -272,20 +353,35 @@ def _per_rank_share(n: int, ranks: int) -> int:
 
 
 def _row(run: dict[str, Any], compute_s: float) -> dict[str, Any]:
+    """One table row. Exposed I/O, first wait, start-up and actual compute are those of
+    the rank that waited longest (the harness reports the slowest rank's exposed I/O);
+    ``other`` is the rest of the job time (scheduler delays, skew, teardown)."""
     total = run["time_s"]
     exposed = run["exposed_io_s"]
+    st = run["stats"]
+    waits = [w if w is not None else -1.0 for w in st["exposed_io_s"]]
+    k = int(np.argmax(waits)) if waits else 0
+    ex = (st.get("extra") or [None] * (k + 1))[k] or {}
+    startup = ex.get("startup_s")
+    first = ex.get("first_wait_s")
+    actual = ex.get("compute_actual_s", compute_s)
     other = None
     if total is not None and exposed is not None:
-        other = max(0.0, total - exposed - compute_s)
+        other = max(0.0, total - exposed - actual - (startup or 0.0))
     return {
         "name": run["name"],
         "exposed_io_s": exposed,
+        "first_wait_s": first,
+        "steady_exposed_io_s": None if exposed is None or first is None else exposed - first,
         "compute_s": compute_s,
+        "compute_actual_s": actual,
+        "startup_s": startup,
         "other_s": other,
         "total_s": total,
         "exposed_pct": 100 * exposed / total if total and exposed is not None else None,
-        "storage_ops": sum(v or 0 for v in run["stats"]["storage_ops"]),
+        "storage_ops": sum(v or 0 for v in st["storage_ops"]),
         "MBps": run["MBps"],
+        "rl": run["rl"],
         "digest": run["digest"],
         "error": run.get("error"),
         "params": run["params"],
@@ -345,7 +441,12 @@ def run(args: argparse.Namespace) -> int:
             compute_s = steps * compute_ms / 1e3
             # 2. Tables II-V: the four presets and the DataLoader baselines
             runs = [
-                RunSpec(p, f"loader:{p}", dict(buf) if p.startswith("async") else {}, {"preset": p})
+                RunSpec(
+                    p,
+                    f"loader-timed:{p}",
+                    dict(buf) if p.startswith("async") else {},
+                    {"preset": p},
+                )
                 for p in PRESETS
             ]
             runs += [
@@ -376,7 +477,7 @@ def run(args: argparse.Namespace) -> int:
                     [
                         RunSpec(
                             f"async-db-B{b}",
-                            "loader:async-db",
+                            "loader-timed:async-db",
                             {"buffer": b},
                             {"buffer_samples": b},
                         )
@@ -385,6 +486,7 @@ def run(args: argparse.Namespace) -> int:
                     dataset,
                     _sub_args(args, compute_ms=compute_ms, no_limit=True),
                     batch_size=shape.batch_size,
+                    runner_modules=[__name__],
                 )
             if doc is None:
                 continue
@@ -468,17 +570,20 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{e['calibration']['read_ms_per_step']:.2f} ms\n"
             )
         parts.append(
-            "| I/O strategy | exposed I/O s | compute s | other s | epoch s | exposed % "
-            "| read ops | MB/s | digest |\n|---|---|---|---|---|---|---|---|---|"
+            "| I/O strategy | exposed I/O s | of which 1st step | compute s (slept) | start-up s "
+            "| other s | epoch s | exposed % | read ops | MB/s | RL | digest |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"
         )
         for r in e["rows"]:
             if r["error"]:
                 parts.append(f"| {r['name']} | error: {r['error']} |||||||")
                 continue
             parts.append(
-                f"| {r['name']} | {_f(r['exposed_io_s'])} | {_f(r['compute_s'])} | "
+                f"| {r['name']} | {_f(r['exposed_io_s'])} | {_f(r['first_wait_s'])} | "
+                f"{_f(r['compute_s'])} ({_f(r['compute_actual_s'])}) | {_f(r['startup_s'])} | "
                 f"{_f(r['other_s'])} | {_f(r['total_s'])} | {_f(r['exposed_pct'], '.1f')} | "
-                f"{r['storage_ops']} | {_f(r['MBps'], '.0f')} | {(r['digest'] or '-')[:12]} |"
+                f"{r['storage_ops']} | {_f(r['MBps'], '.0f')} | {_f(r['rl'], '.2f')} | "
+                f"{(r['digest'] or '-')[:12]} |"
             )
         s = e.get("summary") or {}
         if s:
@@ -494,12 +599,14 @@ def markdown(result: dict[str, Any]) -> str:
         if e.get("sweep"):
             parts.append(
                 "buffer sweep (async-db):\n\n| buffer samples | buffer MiB | exposed I/O s "
-                "| epoch s | exposed % | read ops |\n|---|---|---|---|---|---|"
+                "| of which 1st step | epoch s | exposed % | read ops | RL |\n"
+                "|---|---|---|---|---|---|---|---|"
             )
             for r in e["sweep"]:
                 parts.append(
                     f"| {r['buffer_samples']} | {r['buffer_MiB']:.2f} | {_f(r['exposed_io_s'])} "
-                    f"| {_f(r['total_s'])} | {_f(r['exposed_pct'], '.1f')} | {r['storage_ops']} |"
+                    f"| {_f(r['first_wait_s'])} | {_f(r['total_s'])} | "
+                    f"{_f(r['exposed_pct'], '.1f')} | {r['storage_ops']} | {_f(r['rl'], '.2f')} |"
                 )
             parts.append("")
     return "\n".join(parts) + "\n"
@@ -519,7 +626,8 @@ def plot(result: dict[str, Any], out_dir: str) -> list[str]:
             bottom = [0.0] * len(rows)
             for key, label in (
                 ("exposed_io_s", "exposed I/O"),
-                ("compute_s", "compute"),
+                ("compute_actual_s", "compute (slept)"),
+                ("startup_s", "start-up"),
                 ("other_s", "other"),
             ):
                 vals = [r[key] or 0.0 for r in rows]
