@@ -202,7 +202,10 @@ def _merge(fid, off, ln, gap: int, separate: bool):
     if separate:
         which = np.arange(m, dtype=np.int64)
         return fid.copy(), off.copy(), ln.copy(), which
-    end = np.maximum.accumulate(off + ln)
+    # running end per file (sorted by file): shift each file past every end so one
+    # cumulative max never carries a longer file's end into the next file
+    shift = fid.astype(np.int64) * (int((off + ln).max()) + 1)
+    end = np.maximum.accumulate(off + ln + shift) - shift
     new = np.ones(m, dtype=bool)
     new[1:] = (fid[1:] != fid[:-1]) | (off[1:] > end[:-1] + gap)
     which = np.cumsum(new) - 1
