@@ -264,9 +264,9 @@ def test_stats_report_io_and_exposure(records):
 
 def test_double_buffering_hides_reads_behind_compute(tmp_path):
     """Exposed time: the consumer waits less when the next batch is read during compute."""
-    paths, _ = write_records(str(tmp_path / "s"), n=60, size=24, files=1)
+    paths, _ = write_records(str(tmp_path / "s"), n=80, size=24, files=1)
     ds = open_records(paths, 24)
-    delay = 0.03
+    delay = 0.05
 
     def slow_io(b):  # stands in for slow storage: runs where the batch is prepared
         time.sleep(delay)
@@ -279,8 +279,8 @@ def test_double_buffering_hides_reads_behind_compute(tmp_path):
             return ld.stats()["exposed_io_s"]
 
     sync, db = exposed(0), exposed(2)
-    assert sync > 6 * delay * 0.9
-    assert db < sync / 2
+    assert sync >= 8 * delay  # every read waited for
+    assert db < 0.6 * sync  # only the first read (plus scheduling noise) is exposed
 
 
 def test_state_iter_restarts_finished_epoch(records):

@@ -13,6 +13,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
 from loader_common import make_records
@@ -144,3 +146,53 @@ def test_damaged_or_foreign_state_is_rejected(records, tmp_path):
     ld.load_state_dict(json.dumps(good))  # JSON text is accepted too
     assert ld.step == 3
     ld.close()
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return make_records(str(tmp_path_factory.mktemp("prop")), n=61, size=8, files=2)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batch=st.integers(1, 25),
+    P=st.integers(1, 4),
+    Q=st.integers(1, 4),
+    preset=st.sampled_from(PRESETS),
+    frac=st.floats(0, 1),
+    seed=st.integers(0, 3),
+)
+def test_property_resume_delivers_the_rest_exactly_once(small, batch, P, Q, preset, frac, seed):
+    ds, data = small
+
+    def run(size, state=None, stop=None):
+        ids, states = [], []
+        for r in range(size):
+            with Loader(
+                ds, batch, preset=preset, seed=seed, comm=LoaderWorld(r, size), buffer=7
+            ) as ld:
+                if state is not None:
+                    ld.load_state_dict(state)
+                for b in ld:
+                    np.testing.assert_array_equal(b.data, data[b.ids])
+                    ids.append((b.step, r, b.ids.tolist()))
+                    if stop is not None and ld.step == stop:
+                        states.append(ld.state_dict())
+                        break
+        return sorted(ids), states
+
+    steps = -(-61 // batch)
+    k = int(frac * steps)
+    full, _ = run(P)
+    if k == 0:
+        return
+    head, states = run(P, stop=k)
+    assert head == [x for x in full if x[0] < k]
+    rest, _ = run(Q, state=states[0])
+    assert {x[0] for x in rest} <= set(range(k, steps))
+    got = sorted(i for _, _, part in rest for i in part)
+    assert got == sorted(i for s, _, part in full if s >= k for i in part)
+    if Q == P:
+        assert rest == [x for x in full if x[0] >= k]
