@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, FeedlineError
 
 #: the baseline every ratio refers to (Caffe/LMDB: every rank seeks with a cursor)
 BASELINE = "lmdb"
@@ -184,8 +184,9 @@ def storage(
     try:
         try:
             emu = Emulator(src, mnt, nodes=nodes, **params).start()
-        except EmulatorUnavailable as e:
-            echo(f"storage emulator unavailable: {e}")
+        except (EmulatorUnavailable, FeedlineError) as e:
+            # the first command a user runs: say plainly why, and still show something
+            echo(f"storage emulator unavailable: {str(e).splitlines()[0]}")
             yield Storage(
                 src,
                 False,
