@@ -93,6 +93,18 @@ def test_dataset_generated_once_and_reused(tmp_path):
     assert p3 == p1 and os.stat(os.path.join(p3, "data.mdb")).st_mtime_ns != mtime
 
 
+def test_unusable_out_dir_is_refused_before_any_work(tmp_path, capsys):
+    from feedline.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rc = main(
+        ["demo", "--quick", "--cache", str(tmp_path / "cache"), "--out", str(blocker / "out")]
+    )
+    assert rc == 1 and "cannot write results to --out" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
+
+
 # ------------------------------------------------------------- end to end
 
 

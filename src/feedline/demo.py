@@ -356,6 +356,13 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes < 1 or (ranks is not None and not args.nodes <= ranks):
         raise ConfigError(f"need 1 <= --nodes ({args.nodes}) <= --ranks ({args.ranks})")
     presets = demo_presets([p for p in (args.presets or "").split(",") if p])
+    if is_root():  # find out now, not after a minute of measuring, that --out is unusable
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot write results to --out {args.out}: {e}") from None
+        if not os.access(args.out, os.W_OK):
+            raise ConfigError(f"cannot write results to --out {args.out}: not writable")
     runs = build_runs(presets, cursor=not args.no_cursor)
     # the harness's own options, with the demo's choices
     bench_args = argparse.Namespace(
