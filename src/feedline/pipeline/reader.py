@@ -1,6 +1,6 @@
 """Reading lists of extents into caller buffers, and gathering records out of them.
 
-:class:`ExtentReader` uses the native engine (``feedline._core._IOEngine``, C++ threads,
+:class:`ExtentReader` uses the native engine (:mod:`feedline.io.engine`, C++ threads,
 ``pread``/``O_DIRECT``, retries) when it is built, and otherwise a pool of Python threads calling
 ``os.preadv`` (which releases the GIL), so the loader works — slower — before the
 native core exists. :func:`coalesce` merges neighbouring extents into fewer, larger
@@ -231,40 +231,19 @@ class _PreadPool:
             self._fds.clear()
 
 
-class _NativeFuture:
-    """``result()`` of a native submission (raises the translated, typed error)."""
-
-    __slots__ = ("_f",)
-
-    def __init__(self, f: Any) -> None:
-        self._f = f
-
-    def result(self) -> None:
-        self._f.result()
-
-    def done(self) -> bool:
-        return bool(self._f.done())
-
-
 class _Native:
-    """The C++ engine (``feedline._core._IOEngine``): threads, pread/O_DIRECT, retries."""
+    """The native engine (:class:`feedline.io.engine.IOEngine`): C++ threads,
+    pread/O_DIRECT, retries of transient errors, typed errors from ``result()``."""
 
     def __init__(self, files: list[str], threads: int, method: str) -> None:
-        from .. import _core
+        from ..io.engine import IOEngine
 
-        self._impl = _core._IOEngine(list(files), threads, method, 8 << 20, 0, 3, 1000)
+        self._impl = IOEngine(files, threads=threads, method=method)
         self.threads = threads
         self.method = method
 
-    def submit(self, reads: ReadList, buf: np.ndarray) -> _NativeFuture:
-        f = self._impl.submit(
-            np.ascontiguousarray(reads.file_ids, dtype=np.int32),
-            np.ascontiguousarray(reads.offsets, dtype=np.int64),
-            np.ascontiguousarray(reads.lengths, dtype=np.int64),
-            buf.reshape(-1),
-            np.ascontiguousarray(reads.dest, dtype=np.int64),
-        )
-        return _NativeFuture(f)
+    def submit(self, reads: ReadList, buf: np.ndarray) -> Any:
+        return self._impl.submit(reads, buf, reads.dest)
 
     def stats(self) -> dict[str, Any]:
         st = self._impl.stats()
