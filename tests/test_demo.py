@@ -34,6 +34,11 @@ def _mounted(path: str) -> bool:
         return any(line.split()[1] == path for line in f if len(line.split()) > 1)
 
 
+def _env(tmp_path) -> dict[str, str]:
+    """Index sidecars of the read-only emulated views go to the test's own directory."""
+    return dict(os.environ, FEEDLINE_CACHE_DIR=str(tmp_path / "sidecars"))
+
+
 def _demo(tmp_path, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
@@ -46,7 +51,9 @@ def _demo(tmp_path, *argv: str, timeout: float = 240) -> subprocess.CompletedPro
         str(tmp_path / "out"),
         *argv,
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, check=False, env=_env(tmp_path)
+    )
 
 
 def _rows(stdout: str) -> dict[str, list[str]]:
@@ -186,6 +193,7 @@ def test_under_mpiexec_needs_a_path_then_runs_in_the_job(tmp_path):
         text=True,
         timeout=120,
         check=False,
+        env=_env(tmp_path),
     )
     assert p.returncode == 1 and "without mpiexec" in p.stderr, p.stderr
     assert not (tmp_path / "c").exists()  # refused before generating anything
@@ -211,6 +219,7 @@ def test_under_mpiexec_needs_a_path_then_runs_in_the_job(tmp_path):
         text=True,
         timeout=180,
         check=False,
+        env=_env(tmp_path),
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("physical limit:") == 1 and "2 ranks / 2 nodes" in p.stdout
@@ -260,7 +269,12 @@ def test_interrupted_demo_unmounts(tmp_path, how):
         "--no-plots",
     ]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=_env(tmp_path),
     )
     try:
         mnt = None
