@@ -154,6 +154,9 @@ def test_quick_demo_table_and_json(tmp_path):
         if name in runs:
             assert runs[name]["digest"] == runs[BASELINE]["digest"], name
     assert runs[FEEDLINE]["rl"] > runs[BASELINE]["rl"]  # feedline shuffles; Caffe does not
+    # the sidecar was written beside the data before mounting: no rank wrote its own
+    sidecars = tmp_path / "sidecars"
+    assert not sidecars.exists() or not os.listdir(sidecars)
 
 
 @pytest.mark.mpi

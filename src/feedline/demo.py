@@ -131,7 +131,7 @@ def ensure_dataset(
         shutil.rmtree(path)
     if os.path.isfile(os.path.join(path, "data.mdb")):
         echo(f"dataset: {path} (cached; --fresh regenerates)")
-        return path
+        return _indexed(path)
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".demo-gen-", dir=root)
     try:
@@ -150,6 +150,16 @@ def ensure_dataset(
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return _indexed(path)
+
+
+def _indexed(path: str) -> str:
+    """Write the index sidecar beside the data before any emulator mounts it: the views
+    are read-only and show it, so no rank writes one per mount into the cache directory."""
+    from .dataset import open_dataset
+
+    with open_dataset(path, format="lmdb") as ds:
+        _ = ds.index
     return path
 
 
