@@ -9,7 +9,8 @@ against the physical limit measured in the same job. Per preset: read time, band
 ratio to ``lmdb``, fraction of the limit, and the breakdown LMDBIO plots — time in seek
 (walking the tree), in I/O, and skew (waiting for other ranks: node meetings, cursor
 hand-offs, tokens) — with storage bytes and operations, redundant bytes, bytes
-speculation read for nothing, context switches and peak memory.
+speculation read for nothing, context switches and peak memory, and, through the
+storage emulator, the bytes and requests the storage actually served.
 
 Without ``--path`` a ``cifar10-large`` LMDB of ``--samples`` records is generated in a
 temporary directory; ``--path`` names an LMDB (generated there when missing, unless the
@@ -106,6 +107,7 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for r in doc["runs"]:
         extra = r["stats"].get("extra") or [{}] * r["ranks"]
         readers = [e for e in extra if e and e.get("reader")]
+        emu = r["stats"].get("emulator") or []  # what the storage emulator served
 
         def total(key: str, extra: list[Any] = extra) -> int:
             return sum(int(e.get(key) or 0) for e in extra if e)
@@ -128,6 +130,12 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "storage_ops": total("storage_ops"),
                 "redundant_bytes": total("redundant_bytes"),
                 "spec_extra_bytes": total("spec_extra_bytes"),
+                "served_bytes": (
+                    sum(int(e.get("bytes") or 0) for e in emu if e) if any(emu) else None
+                ),
+                "served_requests": (
+                    sum(int(e.get("requests") or 0) for e in emu if e) if any(emu) else None
+                ),
                 "ctx_switches": sum(v or 0 for v in r["stats"]["ctx_switches"]),
                 "peak_rss_bytes": max((v or 0 for v in r["stats"]["peak_rss_bytes"]), default=0),
                 "same_bytes_as_lmdb_order": (
@@ -147,12 +155,14 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
     lim = doc.get("limit_MBps")
     cfg = doc.get("config") or {}
+    served = any(r["served_bytes"] is not None for r in rows)
     out = [
         f"### lmdbio: {cfg.get('ranks')} ranks, {cfg.get('nodes')} nodes, batch "
         f"{cfg.get('batch_size')}, physical limit {f(lim, '.0f')} MB/s\n",
         "| preset | time s | MB/s | vs lmdb | of limit | readers | seek s | I/O s | skew s "
-        "| storage MB | ops | redundant MB | spec. extra MB | ctx switches | peak RSS MiB |",
-        "|" + "---|" * 15,
+        "| storage MB | ops | redundant MB | spec. extra MB | ctx switches | peak RSS MiB |"
+        + (" served MB | served requests |" if served else ""),
+        "|" + "---|" * (17 if served else 15),
     ]
     for r in rows:
         frac = r["fraction_of_limit"]
@@ -176,6 +186,14 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                     f(r["ctx_switches"], "d"),
                     f(r["peak_rss_bytes"] / 2**20, ".0f"),
                 ]
+                + (
+                    [
+                        f(None if r["served_bytes"] is None else r["served_bytes"] / 1e6, ".0f"),
+                        f(r["served_requests"], "d"),
+                    ]
+                    if served
+                    else []
+                )
             )
             + " |"
         )

@@ -483,6 +483,8 @@ class LmdbioSource(Source):
         # two halves of the unit's records (per rank: the Loader multiplies by the node's ranks)
         unit = sub * (rpn if plan.strategy.aggregated else 1)
         per_unit = 2 * steps * unit * int(plan.records.max_length)
+        if mode_of(plan.strategy) == "dm":  # a reader's prefetch: its part and the margins
+            per_unit += 2 * unit * int(plan.records.max_length)
         return per_unit // rpn if plan.strategy.aggregated else per_unit
 
     def stats(self) -> dict[str, Any]:
