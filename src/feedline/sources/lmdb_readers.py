@@ -266,15 +266,14 @@ class Speculative:
         return _pread(self.fd, self.psize, off, self.path)
 
     # -- the walk
-    def read_part(
-        self, cursor: WalkCursor | None, ids: np.ndarray, dest: np.ndarray
-    ) -> tuple[WalkCursor, np.ndarray]:
-        """Walk from *cursor* to the records *ids* (ascending, contiguous), copy them.
+    def seek(
+        self, cursor: WalkCursor | None, ids: np.ndarray
+    ) -> tuple[WalkCursor, tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """Walk in memory from *cursor* over the records *ids* (ascending, consecutive).
 
-        Returns the cursor after the last record (handed to the next reader) and the
-        lengths. A missing or passed cursor restarts from the root (a full seek).
+        Returns the cursor after the last record (to hand to the next reader at once)
+        and what :meth:`copy` needs. A missing or passed cursor restarts at the root.
         """
-        c = self.c
         n = len(ids)
         a = int(ids[0])
         if n > 1 and not (np.diff(ids) == 1).all():
@@ -288,9 +287,18 @@ class Speculative:
         skipped = a - cursor.record
         cursor, _, _ = self.walker.walk(cursor, skipped, collect=False)
         cursor, offs, lens = self.walker.walk(cursor, n)
-        c["seek_s"] += time.perf_counter() - t0
-        c["records_walked"] += skipped + n
+        self.c["seek_s"] += time.perf_counter() - t0
+        self.c["records_walked"] += skipped + n
         seen = np.asarray(self.walker.take_seen(), dtype=np.int64)
+        return cursor, (a, offs, lens, seen)
+
+    def copy(
+        self, found: tuple[int, np.ndarray, np.ndarray, np.ndarray], dest: np.ndarray
+    ) -> np.ndarray:
+        """Copy the records :meth:`seek` found into *dest* (misses read one by one);
+        learn from where they were. Returns their lengths."""
+        c = self.c
+        a, offs, lens, seen = found
         t0 = time.perf_counter()
         pos = 0
         for off, ln in zip(offs.tolist(), lens.tolist(), strict=True):
@@ -306,10 +314,10 @@ class Speculative:
                 c["read_ops"] += 1
             pos += ln
         c["io_s"] += time.perf_counter() - t0
-        c["records_read"] += n
+        c["records_read"] += len(offs)
         c["payload_read_bytes"] += pos
         self._learn(a, offs, lens, seen)
-        return cursor, lens
+        return lens
 
     def _learn(self, a: int, offs: np.ndarray, lens: np.ndarray, seen: np.ndarray) -> None:
         """Update the model with the positions this step revealed; count used bytes."""

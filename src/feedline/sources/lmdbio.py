@@ -270,16 +270,16 @@ class LmdbioSource(Source):
         cursor = self._held
         if R > 1 and not (step == self.first and g == 0):
             cursor = self._recv_cursor(step)
-        lengths = np.zeros(0, dtype=np.int64)
+        found = None
         try:
             if len(ids):
-                cursor, lengths = spec.read_part(cursor, ids, dest)
+                cursor, found = spec.seek(cursor, ids)
         except BaseException:
             self._send_cursor(step, None, failed=True)
             raise
         self._held = cursor
-        self._send_cursor(step, cursor)
-        return lengths
+        self._send_cursor(step, cursor)  # the next reader seeks while this one copies
+        return spec.copy(found, dest) if found is not None else np.zeros(0, dtype=np.int64)
 
     def _successor(self, step: int) -> int | None:
         R, g = len(self.ring), self.g
