@@ -99,3 +99,16 @@ def test_validate_against_sizes(tmp_path):
     idx.validate_against_sizes([1000])
     with pytest.raises(CorruptDataError, match="beyond"):
         idx.validate_against_sizes([995])
+
+
+def test_open_dataset_expands_node(tmp_path, monkeypatch):
+    import feedline
+
+    for node in (0, 1):
+        d = tmp_path / f"node{node}"
+        d.mkdir()
+        (d / "r.bin").write_bytes(bytes([node]) * 40)
+    ds = feedline.open_dataset(str(tmp_path / "node{node}" / "r.bin"), format="records",
+                               record_bytes=4, sidecar=False)
+    assert ds.files == [str(tmp_path / "node0" / "r.bin")]
+    assert ds.read(3) == b"\0" * 4

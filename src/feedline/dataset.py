@@ -241,6 +241,16 @@ class Dataset:
         return state
 
 
+def _expand_node(path_or_paths, comm):
+    """Replace ``{node}`` by this rank's (emulated) node index, as DESIGN.md defines it."""
+    items = path_or_paths if isinstance(path_or_paths, list | tuple) else [path_or_paths]
+    if not any("{node}" in os.fspath(p) for p in items):
+        return path_or_paths
+    from .dist.world import World
+
+    return World.from_comm(comm).expand_path(path_or_paths)
+
+
 def open_dataset(
     path_or_paths,
     format: str | None = None,
@@ -257,7 +267,8 @@ def open_dataset(
     ----------
     path_or_paths : str, path, glob or list
         An LMDB directory (with ``data.mdb``), an HDF5/TFRecord/npy file, a directory
-        or glob of such files, or a list of files.
+        or glob of such files, or a list of files. ``{node}`` is replaced by this
+        rank's node index (emulated nodes: ``FEEDLINE_NODES``), for per-node mounts.
     format : str, optional
         ``"lmdb"``, ``"hdf5"``, ``"tfrecord"``, ``"npy"`` or ``"records"``; detected
         from the path when omitted (``"records"`` must be named).
@@ -275,6 +286,7 @@ def open_dataset(
     -------
     Dataset
     """
+    path_or_paths = _expand_node(path_or_paths, comm)
     name = format or detect(path_or_paths)
     cls = get_format(name)
     fmt = cls(path_or_paths, **options)
