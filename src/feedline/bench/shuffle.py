@@ -284,23 +284,24 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def plot(doc: dict[str, Any], path: str) -> str | None:
+    """Held-out accuracy against the RL model (left) and against the class mix of a
+    batch (right), one marker per order."""
     rows = [r for r in doc.get("rows", []) if r["accuracy"] is not None]
     if not rows:
         return None
     plt = report._pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for r in rows:
-        ax.scatter(r["rl"], r["accuracy"])
-        ax.annotate(
-            r["order"],
-            (r["rl"], r["accuracy"]),
-            fontsize=8,
-            xytext=(4, 4),
-            textcoords="offset points",
-        )
-    ax.set_xlabel("randomization level (DeepIO RL)")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title("shuffle quality vs learning (class-sorted data)")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    markers = "osD^vP*Xh"
+    for i, r in enumerate(rows):
+        for ax, key in zip(axes, ("rl", "class_mix"), strict=True):
+            ax.scatter(
+                r[key], r["accuracy"], marker=markers[i % len(markers)], s=50, label=r["order"]
+            )
+    axes[0].set_xlabel("randomization level (DeepIO RL, planner model)")
+    axes[1].set_xlabel("class mix of a global batch (entropy / log2 classes)")
+    axes[0].set_ylabel("held-out accuracy")
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"shuffle quality vs learning: class-sorted data, {doc['ranks']} ranks")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
