@@ -177,6 +177,23 @@ def test_single_process_two_epochs_right_bytes(cifar, preset):
     assert table.count("\n") == 3 and "| 0 | yes |" in table
 
 
+def test_not_an_lmdb_keeps_the_readers_without_a_walk(tmp_path):
+    path = generate("cifar10-bin", str(tmp_path / "bin"), samples=300, progress=False)
+    with open(os.path.join(path, ".feedline-make.json")) as f:
+        m = json.load(f)
+    ds = open_dataset(path, format=m["format"], **m.get("open_options", {}))
+    for preset in ("lmdb", "lmm", "lmm-dm", "skip", "contiguous", "lmm-dio-prov-coal"):
+        with Loader(ds, 64, preset=preset, decode=False) as ld:
+            got = []
+            for b in ld:
+                assert np.asarray(b.data).tobytes() == b"".join(ds.read(int(i)) for i in b.ids)
+                got.extend(b.ids.tolist())
+            st = ld.stats()
+        assert sorted(got) == list(range(len(ds)))
+        assert st["mode"] == ("prov" if preset.endswith("coal") else "index"), preset
+        assert st["seek_bytes"] == 0 and st["storage_bytes"] >= ds.index.nbytes_payload
+
+
 def test_single_process_resume_mid_epoch(cifar):
     ds = open_dataset(cifar)
     for preset in ("lmm-dm", "lmm-dio", "lmm-dio-prov-coal-stag"):

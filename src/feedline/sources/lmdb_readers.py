@@ -430,14 +430,16 @@ def read_extents(
     lens: np.ndarray,
     dest: np.ndarray,
     counters: dict[str, Any],
+    file_ids: np.ndarray | None = None,
 ) -> None:
     """Read the extents back to back into *dest* with the engine (one read each)."""
     if not len(offs):
         return
     d = np.zeros(len(lens), dtype=np.int64)
     np.cumsum(lens[:-1], out=d[1:])
+    fids = np.zeros(len(offs), dtype=np.int64) if file_ids is None else file_ids
     t0 = time.perf_counter()
-    engine.read(ReadList(np.zeros(len(offs), dtype=np.int64), offs, lens, d), dest)
+    engine.read(ReadList(fids, offs, lens, d), dest)
     counters["io_s"] += time.perf_counter() - t0
     counters["records_read"] += len(offs)
     counters["payload_read_bytes"] += int(lens.sum())

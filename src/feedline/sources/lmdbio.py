@@ -28,6 +28,10 @@ Who reads what, how and when, by preset (the strategy's knobs select it):
   to the same label in the next group. n is the ``stagger`` knob when given, else half
   the readers (two groups).
 
+On a dataset that is not an LMDB (binary records, HDF5, ...) there is no tree to walk:
+the seeking presets keep their readers, node windows and order but locate records from
+the index (mode ``index``), so MPI-Caffe's patterns can be compared on any file.
+
 All presets deliver the plan's samples, so presets with the same assignment deliver
 identical bytes. The trade-off of running every preset synchronously (read, meet,
 copy, step after step) is that nothing overlaps reading: this source measures the
@@ -133,6 +137,8 @@ class LmdbioSource(Source):
         self._gen += 1
         st = plan.strategy
         self.mode = mode_of(st)
+        if self.mode != "prov" and self.ctx.dataset.format != "lmdb":
+            self.mode = "index"  # no B+tree to walk: the same readers, located by the index
         rank = self.ctx.rank
         self.node = plan.world.node_of(rank)
         self.node_ranks = plan.world.ranks_of(self.node)
@@ -154,6 +160,8 @@ class LmdbioSource(Source):
                 self._spec = Speculative(self._path, self._engine_for("pread"), self.c)
             elif self.mode in ("dio", "prov"):
                 self._engine_for(method)
+            elif self.mode == "index":
+                self._engine_for(st.read)
         if self.mode == "dm":
             self._ring_setup(plan)
         if self.mode == "dio":
@@ -241,6 +249,10 @@ class LmdbioSource(Source):
             return self._cursor.read(ids, dest)
         if self.mode == "dm":
             return self._dm_part(step, ids, dest)
+        if self.mode == "index":
+            fid, off, ln = self.plan.records.extents(ids)
+            read_extents(self._engine_for(self.plan.strategy.read), off, ln, dest, self.c, fid)
+            return ln
         # dio: extents from the locator's broadcast
         u, offs, lens = self._located
         i = np.searchsorted(u, ids)
