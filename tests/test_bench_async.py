@@ -73,6 +73,9 @@ def test_async_quick_tables_digests_and_sweep(tmp_path):
             parts = r["exposed_io_s"] + r["compute_actual_s"] + r["startup_s"]
             assert parts <= r["total_s"] * 1.001
             assert r["other_s"] == pytest.approx(r["total_s"] - parts, abs=1e-6)
+            # stalls: the waits beyond the median wait (so at most the exposed time)
+            assert 0 <= r["stall_s"] <= r["exposed_io_s"]
+            assert 0 <= r["median_wait_ms"] / 1e3 <= r["exposed_io_s"]
         # same order => same bytes: tf's global shuffle for the tf rows and the
         # DataLoader peers; the async presets share their chunk order
         want = _digest_from_files(str(tmp_path / "data" / name), QUICK[name].batch_size, 1, "tf")

@@ -138,6 +138,12 @@ class _Timing:
         self.startup_s = 0.0
         self.first_wait_s = 0.0
         self.compute_s = 0.0
+        self.waits: list[float] = []
+
+    def wait(self, seconds: float) -> None:
+        if not self.waits:
+            self.first_wait_s = seconds
+        self.waits.append(seconds)
 
     def compute(self, ctx: RunContext) -> None:
         t0 = time.perf_counter()
@@ -145,10 +151,15 @@ class _Timing:
         self.compute_s += time.perf_counter() - t0
 
     def extra(self) -> dict[str, float]:
+        # the median wait is what every step pays even when its data is ready (handing
+        # the sub-batch over); waits beyond it are reads that compute did not hide
+        med = float(np.median(self.waits)) if self.waits else 0.0
         return {
             "startup_s": self.startup_s,
             "first_wait_s": self.first_wait_s,
             "compute_actual_s": self.compute_s,
+            "median_wait_s": med,
+            "stall_s": float(sum(max(0.0, w - med) for w in self.waits)),
         }
 
 
@@ -178,8 +189,7 @@ class TimedLoaderRunner(LoaderRunner):
             batch = next(it)
             wait = time.perf_counter() - t0
             out.exposed_io_s += wait
-            if step == 0:
-                tm.first_wait_s = wait
+            tm.wait(wait)
             rec.add(step, batch.ids, batch.lengths, np.ascontiguousarray(batch.data))
             tm.compute(ctx)
         stats = dict(loader.stats() or {})
@@ -269,8 +279,7 @@ class TorchH5Runner(_PeerBase):
             ids, lens, raw = next(it)
             wait = time.perf_counter() - t0
             out.exposed_io_s += wait
-            if step == 0:
-                tm.first_wait_s = wait
+            tm.wait(wait)
             out.storage_ops += len(ids)
             out.storage_bytes += len(raw)
             rec.add(step, ids, lens, raw)
@@ -364,6 +373,7 @@ def _row(run: dict[str, Any], compute_s: float) -> dict[str, Any]:
     ex = (st.get("extra") or [None] * (k + 1))[k] or {}
     startup = ex.get("startup_s")
     first = ex.get("first_wait_s")
+    med = ex.get("median_wait_s")
     actual = ex.get("compute_actual_s", compute_s)
     other = None
     if total is not None and exposed is not None:
@@ -373,6 +383,8 @@ def _row(run: dict[str, Any], compute_s: float) -> dict[str, Any]:
         "exposed_io_s": exposed,
         "first_wait_s": first,
         "steady_exposed_io_s": None if exposed is None or first is None else exposed - first,
+        "median_wait_ms": None if med is None else 1e3 * med,
+        "stall_s": ex.get("stall_s"),
         "compute_s": compute_s,
         "compute_actual_s": actual,
         "startup_s": startup,
@@ -538,6 +550,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if db is None or db["exposed_io_s"] is None:
         return {}
     out: dict[str, Any] = {"async_db_exposed_pct": db["exposed_pct"], "vs": {}}
+    if db.get("stall_s") is not None and db["total_s"]:
+        # the part of the exposed time that is reads not hidden by compute
+        out["async_db_stall_pct"] = 100 * db["stall_s"] / db["total_s"]
     for r in rows:
         if r["name"] == "async-db" or r["exposed_io_s"] is None:
             continue
@@ -573,9 +588,9 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{e['calibration']['read_ms_per_step']:.2f} ms\n"
             )
         parts.append(
-            "| I/O strategy | exposed I/O s | of which 1st step | compute s (slept) | start-up s "
-            "| other s | epoch s | exposed % | read ops | MB/s | RL | digest |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "| I/O strategy | exposed I/O s | of which 1st step | stalls s | median wait ms "
+            "| compute s (slept) | start-up s | other s | epoch s | exposed % | read ops | MB/s "
+            "| RL | digest |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         )
         for r in e["rows"]:
             if r["error"]:
@@ -583,6 +598,7 @@ def markdown(result: dict[str, Any]) -> str:
                 continue
             parts.append(
                 f"| {r['name']} | {_f(r['exposed_io_s'])} | {_f(r['first_wait_s'])} | "
+                f"{_f(r['stall_s'])} | {_f(r['median_wait_ms'])} | "
                 f"{_f(r['compute_s'])} ({_f(r['compute_actual_s'])}) | {_f(r['startup_s'])} | "
                 f"{_f(r['other_s'])} | {_f(r['total_s'])} | {_f(r['exposed_pct'], '.1f')} | "
                 f"{r['storage_ops']} | {_f(r['MBps'], '.0f')} | {_f(r['rl'], '.2f')} | "
@@ -597,18 +613,20 @@ def markdown(result: dict[str, Any]) -> str:
             )
             parts.append(
                 f"\nasync-db exposed I/O = {_f(s['async_db_exposed_pct'], '.2f')}% of its "
-                f"epoch; others vs async-db: {vs}\n"
+                f"epoch (stalls beyond the median wait: {_f(s.get('async_db_stall_pct'), '.2f')}%)"
+                f"; others vs async-db: {vs}\n"
             )
         if e.get("sweep"):
             parts.append(
                 "buffer sweep (async-db):\n\n| buffer samples | buffer MiB | exposed I/O s "
-                "| of which 1st step | epoch s | exposed % | read ops | RL |\n"
-                "|---|---|---|---|---|---|---|---|"
+                "| of which 1st step | stalls s | median wait ms | epoch s | exposed % | read ops "
+                "| RL |\n|---|---|---|---|---|---|---|---|---|---|"
             )
             for r in e["sweep"]:
                 parts.append(
                     f"| {r['buffer_samples']} | {r['buffer_MiB']:.2f} | {_f(r['exposed_io_s'])} "
-                    f"| {_f(r['first_wait_s'])} | {_f(r['total_s'])} | "
+                    f"| {_f(r['first_wait_s'])} | {_f(r['stall_s'])} | {_f(r['median_wait_ms'])} "
+                    f"| {_f(r['total_s'])} | "
                     f"{_f(r['exposed_pct'], '.1f')} | {r['storage_ops']} | {_f(r['rl'], '.2f')} |"
                 )
             parts.append("")
