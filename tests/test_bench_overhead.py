@@ -96,3 +96,10 @@ def test_overhead_quick(tmp_path):
             )
     assert (out / "overhead.png").stat().st_size > 0
     assert "CPU us/sample" in (out / "overhead.md").read_text()
+
+
+def test_overhead_refuses_more_than_one_rank(tmp_path, capsys):
+    rc = main(["bench", "overhead", "--quick", "--ranks", "2", "--out", str(tmp_path)])
+    assert rc != 0
+    assert "one core" in capsys.readouterr().err
+    assert not (tmp_path / "overhead.json").exists()

@@ -63,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--core", type=int, default=None, help="CPU to pin to (default: last)")
     parser.add_argument("--repeats", type=int, default=None, help="epochs timed per row (3)")
     parser.add_argument("--path", metavar="DIR", help="where to write the data (default: temp)")
+    parser.add_argument("--ranks", type=int, default=1, metavar="N", help="must be 1 (one core)")
+    parser.add_argument("--nodes", type=int, default=1, metavar="M", help="must be 1")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat")
     parser.add_argument("--json", metavar="PATH", help="write the result document here")
     parser.add_argument("--out", default="bench-out", metavar="DIR", help="table, JSON, plot")
@@ -255,6 +257,8 @@ def measure(path: str, batch: int, presets: list[str], peers: list[str], repeats
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ranks != 1 or args.nodes != 1:
+        raise ConfigError("bench overhead measures one process on one core: --ranks 1 --nodes 1")
     sizes = [_size(s) for s in args.sizes.split(",") if s]
     presets = [p for p in args.presets.split(",") if p]
     peers = [p for p in args.peers.split(",") if p]
