@@ -17,6 +17,7 @@ The trade-off of emulating compute by sleeping: it frees the CPU the way a GPU s
 does, which is what lets reads overlap it on a 2-core machine, but it does not compete
 with the I/O thread for memory bandwidth as a real model would.
 
+``--ranks`` defaults to 4 (1 with ``--quick``; the job's size under ``mpiexec``).
 Artefacts in ``--out``: ``async.md`` (the tables), ``async.json`` (or ``--json``),
 ``async-breakdown.png``, ``async-buffer-sweep.png``, plus each harness job's own
 ``async-<dataset>*.md/json/png``.
@@ -50,7 +51,7 @@ from .runners import (
     _PeerBase,
     register_runner,
 )
-from .worker import under_mpiexec
+from .worker import under_mpiexec, world_comm
 
 PRESETS = ("tf", "tf-pre", "async", "async-db")
 TORCH_WORKERS = (0, 2)
@@ -421,7 +422,8 @@ def run(args: argparse.Namespace) -> int:
                     spec_holder.append(ds_fn())
                 return spec_holder[0]
 
-            ranks = args.ranks or 1
+            comm = world_comm()
+            ranks = args.ranks or (comm.Get_size() if comm is not None else 1)
             steps = _steps(shape.samples, shape.batch_size, args.steps)
             buf = {"buffer": shape.buffer}
             entry: dict[str, Any] = {"shape": shape.__dict__ | {"sweep": list(shape.sweep)}}
