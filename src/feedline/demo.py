@@ -36,14 +36,9 @@ from .errors import ConfigError, FeedlineError
 #: the baseline every ratio refers to (Caffe/LMDB: every rank seeks with a cursor)
 BASELINE = "lmdb"
 #: LMDBIO journal §4.1-4.6, cumulative, in the paper's order
-LADDER = (
-    "lmm",
-    "lmm-dm",
-    "lmm-dio",
-    "lmm-dio-prov",
-    "lmm-dio-prov-coal",
-    "lmm-dio-prov-coal-stag",
-)
+from .sources.lmdbio import PRESETS as _LMDBIO_PRESETS  # noqa: E402
+
+LADDER = tuple(p for p in _LMDBIO_PRESETS if p.startswith("lmm"))
 #: feedline's own choice
 FEEDLINE = "feedline"
 #: the liblmdb reference row (a bench peer, not a Loader preset)

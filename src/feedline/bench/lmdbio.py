@@ -31,21 +31,10 @@ import tempfile
 from typing import Any
 
 from ..errors import ConfigError
+from ..sources.lmdbio import PRESETS
 from . import report
 from .harness import RunSpec, add_common_arguments, exit_code, is_root, run_scenario
 from .runners import DatasetSpec
-
-PRESETS = (
-    "lmdb",
-    "lmm",
-    "lmm-dm",
-    "lmm-dio",
-    "lmm-dio-prov",
-    "lmm-dio-prov-coal",
-    "lmm-dio-prov-coal-stag",
-    "skip",
-    "contiguous",
-)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
