@@ -120,3 +120,29 @@ def test_async_two_ranks_fixed_compute(tmp_path):
     assert rows["tf"]["digest"] == rows["torch-w0"]["digest"] == want
     assert rows["async"]["digest"] == rows["async-db"]["digest"]
     assert np.isfinite(e["summary"]["async_db_exposed_pct"])
+
+
+def test_async_real_model_as_compute(tmp_path):
+    doc = _run(
+        tmp_path,
+        "--datasets",
+        "neuron-inverter",
+        "--compute",
+        "model",
+        "--torch-workers",
+        "0",
+        "--sweep",
+        "",
+        "--no-plots",
+    )
+    e = doc["datasets"]["neuron-inverter"]
+    assert e["compute"] == "model" and e["compute_ms"] == 0.0 and "calibration" not in e
+    rows = {r["name"]: r for r in e["rows"]}
+    want = _digest_from_files(
+        str(tmp_path / "data" / "neuron-inverter"), QUICK["neuron-inverter"].batch_size, 1, "tf"
+    )
+    assert rows["tf"]["digest"] == rows["torch-w0"]["digest"] == want
+    for r in rows.values():
+        assert r["error"] is None
+        assert r["compute_actual_s"] > 0  # a real training step ran after every batch
+        assert r["exposed_io_s"] + r["compute_actual_s"] <= r["total_s"] * 1.001

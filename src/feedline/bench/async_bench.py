@@ -104,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="auto|ms",
         help="compute per step: 'auto' = 1.2x the async read time per step, measured "
-        "first (default), or milliseconds (same as --compute-ms)",
+        "first (default), milliseconds (same as --compute-ms), or 'model' = a training "
+        "step of a small torch MLP on the delivered bytes",
     )
     g.add_argument("--samples", type=int, default=None, metavar="N", help="samples per dataset")
     g.add_argument("--batch-size", type=int, default=None, metavar="B", help="global batch")
@@ -135,20 +136,30 @@ class _Timing:
     first step's wait (the cold-start read no prefetching can hide) and the compute
     actually slept (emulated compute plus the scheduler's wake-up latency)."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: bool = False) -> None:
         self.startup_s = 0.0
         self.first_wait_s = 0.0
         self.compute_s = 0.0
         self.waits: list[float] = []
+        self.model = None
+        if model:
+            from .models import StepModel
+
+            self.model = StepModel()
 
     def wait(self, seconds: float) -> None:
         if not self.waits:
             self.first_wait_s = seconds
         self.waits.append(seconds)
 
-    def compute(self, ctx: RunContext) -> None:
+    def compute(self, ctx: RunContext, raw: Any = None, lengths: Any = None) -> None:
+        """The step's compute: a training step of the small model when asked for (on the
+        delivered bytes), else the harness's emulated compute (a sleep)."""
         t0 = time.perf_counter()
-        ctx.compute()
+        if self.model is not None and lengths is not None:
+            self.model.step(raw, np.asarray(lengths))
+        else:
+            ctx.compute()
         self.compute_s += time.perf_counter() - t0
 
     def extra(self) -> dict[str, float]:
@@ -169,8 +180,12 @@ class TimedLoaderRunner(LoaderRunner):
     """``loader:<preset>`` that also reports start-up, first-wait and actual compute
     seconds (in ``stats.extra``)."""
 
+    def __init__(self, arg: str | None = None, model: bool = False, **options: Any) -> None:
+        super().__init__(arg, **options)
+        self.model = bool(model)
+
     def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
-        out, tm = RunOutcome(), _Timing()
+        out, tm = RunOutcome(), _Timing(self.model)
         t0 = time.perf_counter()
         loader = self._loader = self._Loader(
             self._ds,
@@ -191,8 +206,9 @@ class TimedLoaderRunner(LoaderRunner):
             wait = time.perf_counter() - t0
             out.exposed_io_s += wait
             tm.wait(wait)
-            rec.add(step, batch.ids, batch.lengths, np.ascontiguousarray(batch.data))
-            tm.compute(ctx)
+            data = np.ascontiguousarray(batch.data)
+            rec.add(step, batch.ids, batch.lengths, data)
+            tm.compute(ctx, data, batch.lengths)
         stats = dict(loader.stats() or {})
         for key, names in _LOADER_STATS.items():
             for nm in names:
@@ -252,9 +268,12 @@ class TorchH5Runner(_PeerBase):
     """PyTorch ``DataLoader`` over a map-style h5py dataset, fed the rank's steps as its
     batch sampler (``workers`` processes, ``prefetch`` batches each)."""
 
-    def __init__(self, arg: str | None = None, workers: int = 0, prefetch: int = 2) -> None:
+    def __init__(
+        self, arg: str | None = None, workers: int = 0, prefetch: int = 2, model: bool = False
+    ) -> None:
         super().__init__(arg)
         self.workers, self.prefetch = int(workers), int(prefetch)
+        self.model = bool(model)
         self._ds: _H5Samples | None = None
 
     def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
@@ -266,7 +285,7 @@ class TorchH5Runner(_PeerBase):
         name = (index.meta or {}).get("dataset")
         if not name:
             raise ConfigError("torch-h5py reads HDF5 datasets only")
-        out, tm = RunOutcome(), _Timing()
+        out, tm = RunOutcome(), _Timing(self.model)
         t0 = time.perf_counter()
         self._ds = _H5Samples(index.files, index.file_ids, name)
         kw: dict[str, Any] = {"num_workers": self.workers, "collate_fn": _collate}
@@ -284,7 +303,7 @@ class TorchH5Runner(_PeerBase):
             out.storage_ops += len(ids)
             out.storage_bytes += len(raw)
             rec.add(step, ids, lens, raw)
-            tm.compute(ctx)
+            tm.compute(ctx, raw, lens)
         del it
         out.io_s = out.exposed_io_s if self.workers == 0 else float("nan")
         out.extra = tm.extra()
@@ -405,9 +424,16 @@ def run(args: argparse.Namespace) -> int:
     shapes = _shapes(args)
     if args.ranks is None and not under_mpiexec():
         args.ranks = 1 if args.quick else 4
-    fixed_ms = None if args.compute == "auto" else float(args.compute)
+    model = args.compute == "model"
+    try:
+        fixed_ms = None if args.compute == "auto" else (0.0 if model else float(args.compute))
+    except ValueError:
+        raise ConfigError(
+            f"--compute: 'auto', 'model' or milliseconds, not {args.compute!r}"
+        ) from None
     if args.compute_ms:
         fixed_ms = float(args.compute_ms)
+    extra_opts = {"model": True} if model else {}
     tf_workers = [int(w) for w in args.torch_workers.split(",") if w != ""]
     tmp: list[str] = []
     result: dict[str, Any] = {"scenario": "async", "datasets": {}}
@@ -455,13 +481,14 @@ def run(args: argparse.Namespace) -> int:
             else:
                 compute_ms = fixed_ms
             entry["compute_ms"] = compute_ms
+            entry["compute"] = "model" if model else "sleep"
             compute_s = steps * compute_ms / 1e3
             # 2. Tables II-V: the four presets and the DataLoader baselines
             runs = [
                 RunSpec(
                     p,
                     f"loader-timed:{p}",
-                    dict(buf) if p.startswith("async") else {},
+                    (dict(buf) if p.startswith("async") else {}) | extra_opts,
                     {"preset": p},
                 )
                 for p in PRESETS
@@ -470,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
                 RunSpec(
                     f"torch-w{w}",
                     "torch-h5py",
-                    {"workers": w},
+                    {"workers": w} | extra_opts,
                     {"peer": "torch DataLoader + h5py", "num_workers": w},
                     assignment="tf",
                 )
@@ -495,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
                         RunSpec(
                             f"async-db-B{b}",
                             "loader-timed:async-db",
-                            {"buffer": b},
+                            {"buffer": b} | extra_opts,
                             {"buffer_samples": b},
                         )
                         for b in sizes
@@ -581,8 +608,13 @@ def markdown(result: dict[str, Any]) -> str:
         parts.append(
             f"### {name}: {sh['samples']} samples x {e['record_bytes'] / 1e3:.1f} KB, "
             f"{e['ranks']} ranks, global batch {sh['batch_size']}, {e['steps']} steps, "
-            f"buffer {sh['buffer']} samples, compute {e['compute_ms']:.2f} ms/step"
-            f" (limit {_f(e['limit_MBps'], '.0f')} MB/s)\n"
+            f"buffer {sh['buffer']} samples, compute "
+            + (
+                "a small model's training step"
+                if e.get("compute") == "model"
+                else f"{e['compute_ms']:.2f} ms/step"
+            )
+            + f" (limit {_f(e['limit_MBps'], '.0f')} MB/s)\n"
         )
         if "calibration" in e:
             parts.append(
@@ -591,7 +623,7 @@ def markdown(result: dict[str, Any]) -> str:
             )
         parts.append(
             "| I/O strategy | exposed I/O s | of which 1st step | stalls s | median wait ms "
-            "| compute s (slept) | start-up s | other s | epoch s | exposed % | read ops | MB/s "
+            "| compute s asked (actual) | start-up s | other s | epoch s | exposed % | read ops | MB/s "
             "| RL | digest |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         )
         for r in e["rows"]:

@@ -72,3 +72,43 @@ def accuracy(model: Any, x: np.ndarray, y: np.ndarray, batch: int = 512) -> floa
             pred = model(_tensor(x[a : a + batch])).argmax(1).numpy()
             hits += int((pred == y[a : a + batch]).sum())
     return hits / max(1, len(y))
+
+
+class StepModel:
+    """A real training step on a raw batch, for benchmarks that need CPU compute rather
+    than a sleep: the first ``features`` bytes of each sample as floats through a
+    two-layer MLP, regressed to the sample's mean, one SGD step (one torch thread, so
+    ranks sharing cores compete as training processes do)."""
+
+    def __init__(self, features: int = 4096, hidden: int = 256, seed: int = 0) -> None:
+        import torch
+        from torch import nn
+
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+        self.features = features
+        self.net = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=1e-4)
+
+    def step(self, raw: np.ndarray | bytes, lengths: np.ndarray) -> float:
+        """One forward/backward/update on the samples cut from *raw* by *lengths*."""
+        import torch
+        from torch.nn import functional as F
+
+        buf = np.frombuffer(raw, dtype=np.uint8) if isinstance(raw, bytes) else raw.reshape(-1)
+        n = len(lengths)
+        if n == 0:
+            return 0.0
+        x = np.zeros((n, self.features), dtype=np.float32)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        for i, (a, ln) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+            k = min(int(ln), self.features)
+            x[i, :k] = buf[a : a + k]
+        x *= 1 / 255.0
+        xt = torch.from_numpy(x)
+        target = xt.mean(1, keepdim=True)
+        self.opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(self.net(xt), target)
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
