@@ -24,6 +24,43 @@ from .reader import ExtentReader, ReadList, gather
 from .source import RawBatch, Source, SourceContext, register_source
 
 
+def window_layout(plan, ops, steps: range, rank: int, first_rank: int) -> dict:
+    """Where *rank*'s samples of one read window lie, in (step, slot) order.
+
+    *ops* are the window's read operations (laid out back to back in the buffer), *steps*
+    the steps the window serves, and *first_rank* the first rank whose sub-batch the
+    buffer holds (the node's first rank when readers aggregate, else *rank* itself).
+    Returns ``ids``, ``src`` (byte offset in the buffer), ``size``, per-step ``bounds``
+    and ``steps``.
+    """
+    bases = np.cumsum([0] + [o.nbytes for o in ops])[:-1]
+    step = np.concatenate([o.step for o in ops])
+    slot = np.concatenate([o.slot for o in ops])
+    src = np.concatenate([o.src + b for o, b in zip(ops, bases, strict=True)])
+    size = np.concatenate([o.size for o in ops])
+    ids = np.concatenate([o.ids for o in ops])
+    # a rank's sub-batch is the slots [lo, hi) of the buffer's list at each step
+    st = np.arange(steps.start, steps.stop, dtype=np.int64)
+    L = plan._geo.step_len(st)
+    P = plan.world.size
+
+    def bound(x):
+        return x * (L // P) + np.minimum(x, L % P)
+
+    lo = bound(rank) - bound(first_rank)
+    hi = bound(rank + 1) - bound(first_rank)
+    k = step - steps.start
+    mine = (slot >= lo[k]) & (slot < hi[k])
+    order = np.lexsort((slot[mine], step[mine]))
+    return {
+        "ids": ids[mine][order],
+        "src": src[mine][order],
+        "size": size[mine][order],
+        "bounds": np.searchsorted(step[mine][order], np.arange(steps.start, steps.stop + 1)),
+        "steps": steps,
+    }
+
+
 class _Failed:
     """A picklable marker of a reader's failure, carried to the node's other ranks."""
 
@@ -110,35 +147,9 @@ class NodeWindowSource(Source):
 
     def _index_window(self, r: int) -> None:
         """This rank's samples in window r: (step, slot) order, byte positions in the half."""
-        ops = self._ops[r]
-        plan, rank = self._plan, self.ctx.rank
-        bases = np.cumsum([0] + [o.nbytes for o in ops])[:-1]
-        step = np.concatenate([o.step for o in ops])
-        slot = np.concatenate([o.slot for o in ops])
-        src = np.concatenate([o.src + b for o, b in zip(ops, bases, strict=True)])
-        size = np.concatenate([o.size for o in ops])
-        ids = np.concatenate([o.ids for o in ops])
-        # my sub-batch is the slots [lo, hi) of the node's list at each step
-        steps = self._steps[r]
-        st = np.arange(steps.start, steps.stop, dtype=np.int64)
-        L = plan._geo.step_len(st)
-        P = plan.world.size
-
-        def bound(x):
-            return x * (L // P) + np.minimum(x, L % P)
-
-        lo = bound(rank) - bound(self._rank_lo)
-        hi = bound(rank + 1) - bound(self._rank_lo)
-        k = step - steps.start
-        mine = (slot >= lo[k]) & (slot < hi[k])
-        order = np.lexsort((slot[mine], step[mine]))
-        self._cur = {
-            "ids": ids[mine][order],
-            "src": src[mine][order],
-            "size": size[mine][order],
-            "bounds": np.searchsorted(step[mine][order], np.arange(steps.start, steps.stop + 1)),
-            "steps": steps,
-        }
+        self._cur = window_layout(
+            self._plan, self._ops[r], self._steps[r], self.ctx.rank, self._rank_lo
+        )
         self._win = r
 
     # -------------------------------------------------------------- consumer

@@ -445,30 +445,10 @@ class LmdbioSource(Source):
 
     def _index_window(self, r: int) -> None:
         """This rank's samples in window r: (step, slot) order and byte positions."""
-        ops, plan = self._ops[r], self.plan
-        bases = np.cumsum([0] + [o.nbytes for o in ops])[:-1]
-        step = np.concatenate([o.step for o in ops])
-        slot = np.concatenate([o.slot for o in ops])
-        src = np.concatenate([o.src + b for o, b in zip(ops, bases, strict=True)])
-        size = np.concatenate([o.size for o in ops])
-        ids = np.concatenate([o.ids for o in ops])
-        steps = self._steps[r]
-        st = np.arange(steps.start, steps.stop, dtype=np.int64)
-        L = plan._geo.step_len(st)
-        P = plan.world.size
+        from ..pipeline.node import window_layout
+
         first = self.node_ranks.start if self.aggregated else self.ctx.rank
-        lo = _bound(L, P, self.ctx.rank) - _bound(L, P, first)
-        hi = _bound(L, P, self.ctx.rank + 1) - _bound(L, P, first)
-        k = step - steps.start
-        mine = (slot >= lo[k]) & (slot < hi[k])
-        order = np.lexsort((slot[mine], step[mine]))
-        self._cur = {
-            "ids": ids[mine][order],
-            "src": src[mine][order],
-            "size": size[mine][order],
-            "bounds": np.searchsorted(step[mine][order], np.arange(steps.start, steps.stop + 1)),
-            "steps": steps,
-        }
+        self._cur = window_layout(self.plan, self._ops[r], self._steps[r], self.ctx.rank, first)
         self._win = r
 
     # ------------------------------------------------------------- lifecycle
