@@ -20,6 +20,7 @@ import resource
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from . import defaults
 from .errors import ConfigError, StateError
 from .pipeline import state as _state
 from .pipeline.options import PipelineOptions, default_buffer, pipeline_options
-from .pipeline.runner import EpochRun
+from .pipeline.runner import EpochRun, inline_run
 from .pipeline.source import SOURCES, RawBatch, Source, SourceContext, source_name_for
 from .pipeline.world import LoaderWorld, resolve_world
 
@@ -53,6 +54,8 @@ class Batch:
         Raw record length of each sample.
     step, epoch : int
         Where in the run this batch belongs.
+    nbytes : int
+        Raw bytes of the sub-batch (the sum of ``lengths``).
     """
 
     data: Any
@@ -61,6 +64,7 @@ class Batch:
     lengths: np.ndarray
     step: int = 0
     epoch: int = 0
+    nbytes: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -167,6 +171,7 @@ class Loader:
         self._step = 0  # next step to deliver in this epoch
         self._chain: list[list[int]] = [[self.world.size, self.world.nodes, 0]]
         self._run: EpochRun | None = None
+        self._pool: ThreadPoolExecutor | None = None  # decode/transform workers, all passes
         self._run_first = 0
         self._rl: float | None = None
         self._resumed = False
@@ -249,7 +254,9 @@ class Loader:
         """Bytes per node outside the source: read-ahead batches and the index."""
         sub = -(-self.batch_size // self.world.size)
         max_len = int(self._index.lengths.max()) if self.n else 0
-        depth = 0 if SOURCES[self._source_name].threaded else int(self.strategy.prefetch_depth)
+        depth = int(self.strategy.prefetch_depth)
+        if inline_run(SOURCES[self._source_name], depth):
+            depth = 0
         decoded = 2 if self.decode else 1  # raw bytes and their decoded copy
         rpn = self.world.ranks_per_node
         return {"batches": rpn * (depth + 1) * sub * max_len * decoded, "index": 20 * self.n}
@@ -328,13 +335,20 @@ class Loader:
         plan = self._plan(self._epoch, self._step, self._chain)
         first = self._step
         self._source.start(plan, first)
+        self._source.anticipate(_following(self, self._epoch + 1))
+        depth = int(self.strategy.prefetch_depth)
+        if self._pool is None and not inline_run(self._source, depth):
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.options.workers,
+                thread_name_prefix=f"feedline-pool-r{self.world.rank}-work",
+            )
         run = EpochRun(
             self._source,
             first,
             steps,
             self._assemble,
-            depth=int(self.strategy.prefetch_depth),
-            workers=self.options.workers,
+            depth=depth,
+            pool=self._pool,
             timeout_s=self.options.timeout_s,
             name=f"feedline-r{self.world.rank}",
         )
@@ -349,7 +363,10 @@ class Loader:
         ids = getattr(batch, "ids", None)  # a transform may return another type
         if ids is not None:
             self._samples += len(ids)
-            self._payload += int(np.asarray(batch.lengths).sum())
+            nbytes = getattr(batch, "nbytes", None)  # counted in the worker
+            if nbytes is None:
+                nbytes = int(np.asarray(batch.lengths).sum())
+            self._payload += nbytes
 
     def _assemble(self, raw: RawBatch, step: int) -> Batch:
         t0 = time.perf_counter()
@@ -362,7 +379,7 @@ class Loader:
             if fixed is not None:
                 data = data.reshape(len(ids), fixed)
             labels = None if self._index.labels is None else np.asarray(self._index.labels[ids])
-        batch = Batch(data, labels, ids, lengths, step, self._epoch)
+        batch = Batch(data, labels, ids, lengths, step, self._epoch, int(lengths.sum()))
         if self.transform is not None:
             out = self.transform(batch)
             batch = out if out is not None else batch
@@ -492,8 +509,13 @@ class Loader:
             return
         self._stop_run()
         self._closed = True
-        self._source.close()
-        self.world.close()
+        try:
+            self._source.close()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
+            self.world.close()
 
     def __enter__(self) -> Loader:
         return self
@@ -515,6 +537,21 @@ class Loader:
     def options_summary(self) -> dict[str, Any]:
         """Effective options and strategy knobs (for logs and the bench)."""
         return {"pipeline": dataclasses.asdict(self.options), "strategy": self.strategy.to_dict()}
+
+
+def _following(loader: Loader, epoch: int):
+    """The plan of *epoch* from step 0 (what a training loop's ``set_epoch(e + 1)`` asks
+    for next), made on demand by the source's I/O thread; holds no reference to the
+    Loader."""
+    ref = weakref.ref(loader)
+
+    def make():
+        lo = ref()
+        if lo is None or lo._closed:
+            raise ConfigError("the Loader is gone")
+        return lo._plan(epoch)
+
+    return make
 
 
 class _Epoch:

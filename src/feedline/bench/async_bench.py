@@ -124,6 +124,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="PyTorch DataLoader num_workers rows (default 0,2; empty: none)",
     )
+    g.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        metavar="E",
+        help="epochs per run, averaged as the paper does (default 3; 1 with --quick)",
+    )
+    g.add_argument(
+        "--evict-ms",
+        type=float,
+        default=100.0,
+        metavar="MS",
+        help="with several epochs, empty the page cache every MS ms (0: never)",
+    )
     g.add_argument("--keep-data", action="store_true", help="keep generated data in --path")
     add_common_arguments(parser)
 
@@ -132,24 +146,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _Timing:
-    """Where a rank's epoch went besides the waits: Loader/DataLoader start-up, the
-    first step's wait (the cold-start read no prefetching can hide) and the compute
+    """Where a rank's epochs went besides the waits: Loader/DataLoader start-up, each
+    epoch's first wait (the cold start of epoch 1 no prefetching can hide; in later
+    epochs, what anticipation across the epoch boundary did not hide) and the compute
     actually slept (emulated compute plus the scheduler's wake-up latency)."""
 
     def __init__(self, model: bool = False) -> None:
         self.startup_s = 0.0
-        self.first_wait_s = 0.0
+        self.first_waits: list[float] = []
         self.compute_s = 0.0
         self.waits: list[float] = []
+        self._new_epoch = True
         self.model = None
         if model:
             from .models import StepModel
 
             self.model = StepModel()
 
+    def epoch(self) -> None:
+        """The next wait is the first of an epoch."""
+        self._new_epoch = True
+
     def wait(self, seconds: float) -> None:
-        if not self.waits:
-            self.first_wait_s = seconds
+        if self._new_epoch:
+            self.first_waits.append(seconds)
+            self._new_epoch = False
         self.waits.append(seconds)
 
     def compute(self, ctx: RunContext, raw: Any = None, lengths: Any = None) -> None:
@@ -166,23 +187,77 @@ class _Timing:
         # the median wait is what every step pays even when its data is ready (handing
         # the sub-batch over); waits beyond it are reads that compute did not hide
         med = float(np.median(self.waits)) if self.waits else 0.0
+        fw = self.first_waits
         return {
             "startup_s": self.startup_s,
-            "first_wait_s": self.first_wait_s,
+            "first_wait_s": fw[0] if fw else 0.0,
+            "later_first_wait_s": float(np.mean(fw[1:])) if len(fw) > 1 else 0.0,
             "compute_actual_s": self.compute_s,
             "median_wait_s": med,
             "stall_s": float(sum(max(0.0, w - med) for w in self.waits)),
         }
 
 
+class _CacheDropper:
+    """Evicts the dataset's files from the page cache every *period_s* while a run goes
+    on (rank 0 only: one machine has one page cache), so that no epoch after the first
+    reads from memory what the previous one read — the regime of the paper, whose
+    datasets do not fit in the nodes' memory. Eviction only drops clean pages nobody
+    has mapped; the reads themselves are untouched."""
+
+    def __init__(self, files: list[str], period_s: float) -> None:
+        import threading
+
+        from .limit import evict
+
+        self._evict = evict
+        self.files = list(files)
+        self.period_s = period_s
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-evict", daemon=True)
+
+    def __enter__(self) -> _CacheDropper:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._evict(self.files)
+            self.count += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _dropper(ctx: RunContext, files: list[str], epochs: int, period_ms: float):
+    import contextlib
+
+    if epochs > 1 and period_ms > 0 and ctx.rank == 0:
+        return _CacheDropper(files, period_ms / 1e3)
+    return contextlib.nullcontext()
+
+
 @register_runner("loader-timed")
 class TimedLoaderRunner(LoaderRunner):
-    """``loader:<preset>`` that also reports start-up, first-wait and actual compute
-    seconds (in ``stats.extra``)."""
+    """``loader:<preset>`` over *epochs* epochs (``set_epoch(e)`` each, as a training
+    loop does) that also reports start-up, first-wait and actual compute seconds (in
+    ``stats.extra``). With several epochs the page cache is emptied every
+    *evict_ms* ms on rank 0 (see :class:`_CacheDropper`)."""
 
-    def __init__(self, arg: str | None = None, model: bool = False, **options: Any) -> None:
+    def __init__(
+        self,
+        arg: str | None = None,
+        model: bool = False,
+        epochs: int = 1,
+        evict_ms: float = 100.0,
+        **options: Any,
+    ) -> None:
         super().__init__(arg, **options)
         self.model = bool(model)
+        self.epochs = max(1, int(epochs))
+        self.evict_ms = float(evict_ms)
 
     def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
         out, tm = RunOutcome(), _Timing(self.model)
@@ -196,19 +271,25 @@ class TimedLoaderRunner(LoaderRunner):
             decode=False,
             **self.options,
         )
+        steps = len(loader) if ctx.steps is None else min(ctx.steps, len(loader))
         loader.set_epoch(0)
         it = iter(loader)
         tm.startup_s = time.perf_counter() - t0
-        steps = len(loader) if ctx.steps is None else min(ctx.steps, len(loader))
-        for step in range(steps):
-            t0 = time.perf_counter()
-            batch = next(it)
-            wait = time.perf_counter() - t0
-            out.exposed_io_s += wait
-            tm.wait(wait)
-            data = np.ascontiguousarray(batch.data)
-            rec.add(step, batch.ids, batch.lengths, data)
-            tm.compute(ctx, data, batch.lengths)
+        with _dropper(ctx, self._ds.files, self.epochs, self.evict_ms):
+            for epoch in range(self.epochs):
+                if epoch:
+                    loader.set_epoch(epoch)
+                    it = iter(loader)
+                tm.epoch()
+                for step in range(steps):
+                    t0 = time.perf_counter()
+                    batch = next(it)
+                    wait = time.perf_counter() - t0
+                    out.exposed_io_s += wait
+                    tm.wait(wait)
+                    data = np.ascontiguousarray(batch.data)
+                    rec.add(epoch * steps + step, batch.ids, batch.lengths, data)
+                    tm.compute(ctx, data, batch.lengths)
         stats = dict(loader.stats() or {})
         for key, names in _LOADER_STATS.items():
             for nm in names:
@@ -216,7 +297,7 @@ class TimedLoaderRunner(LoaderRunner):
                     setattr(out, key, stats[nm])
                     break
         out.extra = {k: v for k, v in stats.items() if isinstance(v, int | float | str | bool)}
-        out.extra |= tm.extra()
+        out.extra |= tm.extra() | {"epochs": self.epochs}
         return out
 
 
@@ -269,12 +350,28 @@ class TorchH5Runner(_PeerBase):
     batch sampler (``workers`` processes, ``prefetch`` batches each)."""
 
     def __init__(
-        self, arg: str | None = None, workers: int = 0, prefetch: int = 2, model: bool = False
+        self,
+        arg: str | None = None,
+        workers: int = 0,
+        prefetch: int = 2,
+        model: bool = False,
+        epochs: int = 1,
+        evict_ms: float = 100.0,
     ) -> None:
         super().__init__(arg)
         self.workers, self.prefetch = int(workers), int(prefetch)
         self.model = bool(model)
+        self.epochs = max(1, int(epochs))
+        self.evict_ms = float(evict_ms)
         self._ds: _H5Samples | None = None
+
+    def prepare(self, ctx: RunContext) -> None:
+        super().prepare(ctx)
+        # each epoch the order of the 'tf' preset for that epoch (a DistributedSampler
+        # with set_epoch), computed untimed
+        self._epoch_steps = [self._steps] + [
+            ctx.my_steps(epoch=e) for e in range(1, self.epochs)
+        ]
 
     def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
         try:
@@ -291,22 +388,28 @@ class TorchH5Runner(_PeerBase):
         kw: dict[str, Any] = {"num_workers": self.workers, "collate_fn": _collate}
         if self.workers > 0:
             kw.update(prefetch_factor=self.prefetch, multiprocessing_context="fork")
-        batches = [s.tolist() for s in self._steps]
-        it = iter(DataLoader(self._ds, batch_sampler=batches, **kw))
         tm.startup_s = time.perf_counter() - t0
-        for step in range(len(batches)):
-            t0 = time.perf_counter()
-            ids, lens, raw = next(it)
-            wait = time.perf_counter() - t0
-            out.exposed_io_s += wait
-            tm.wait(wait)
-            out.storage_ops += len(ids)
-            out.storage_bytes += len(raw)
-            rec.add(step, ids, lens, raw)
-            tm.compute(ctx, raw, lens)
-        del it
+        with _dropper(ctx, index.files, self.epochs, self.evict_ms):
+            for epoch, steps in enumerate(self._epoch_steps):
+                t0 = time.perf_counter()
+                batches = [s.tolist() for s in steps]
+                it = iter(DataLoader(self._ds, batch_sampler=batches, **kw))
+                if epoch == 0:
+                    tm.startup_s += time.perf_counter() - t0
+                tm.epoch()
+                for step in range(len(batches)):
+                    t0 = time.perf_counter()
+                    ids, lens, raw = next(it)
+                    wait = time.perf_counter() - t0
+                    out.exposed_io_s += wait
+                    tm.wait(wait)
+                    out.storage_ops += len(ids)
+                    out.storage_bytes += len(raw)
+                    rec.add(epoch * len(batches) + step, ids, lens, raw)
+                    tm.compute(ctx, raw, lens)
+                del it
         out.io_s = out.exposed_io_s if self.workers == 0 else float("nan")
-        out.extra = tm.extra()
+        out.extra = tm.extra() | {"epochs": self.epochs}
         return out
 
     def close(self) -> None:
@@ -382,36 +485,43 @@ def _per_rank_share(n: int, ranks: int) -> int:
 
 
 def _row(run: dict[str, Any], compute_s: float) -> dict[str, Any]:
-    """One table row. Exposed I/O, first wait, start-up and actual compute are those of
-    the rank that waited longest (the harness reports the slowest rank's exposed I/O);
-    ``other`` is the rest of the job time (scheduler delays, skew, teardown)."""
-    total = run["time_s"]
-    exposed = run["exposed_io_s"]
+    """One table row: the average epoch of the run (the paper averages 3 epochs).
+    Exposed I/O, first waits, start-up and actual compute are those of the rank that
+    waited longest (the harness reports the slowest rank's exposed I/O); ``other`` is
+    the rest of the job time (scheduler delays, skew, teardown). Start-up (making the
+    Loader or DataLoader) happens once and is spread over the epochs."""
     st = run["stats"]
     waits = [w if w is not None else -1.0 for w in st["exposed_io_s"]]
     k = int(np.argmax(waits)) if waits else 0
     ex = (st.get("extra") or [None] * (k + 1))[k] or {}
-    startup = ex.get("startup_s")
-    first = ex.get("first_wait_s")
+    epochs = max(1, int(ex.get("epochs") or 1))
+
+    def per(x: Any) -> Any:
+        return None if x is None else x / epochs
+
+    total = per(run["time_s"])
+    exposed = per(run["exposed_io_s"])
+    startup = per(ex.get("startup_s"))
     med = ex.get("median_wait_s")
-    actual = ex.get("compute_actual_s", compute_s)
+    actual = per(ex.get("compute_actual_s", compute_s * epochs))
     other = None
     if total is not None and exposed is not None:
         other = max(0.0, total - exposed - actual - (startup or 0.0))
     return {
         "name": run["name"],
+        "epochs": epochs,
         "exposed_io_s": exposed,
-        "first_wait_s": first,
-        "steady_exposed_io_s": None if exposed is None or first is None else exposed - first,
+        "first_wait_s": ex.get("first_wait_s"),
+        "later_first_wait_s": ex.get("later_first_wait_s") if epochs > 1 else None,
         "median_wait_ms": None if med is None else 1e3 * med,
-        "stall_s": ex.get("stall_s"),
+        "stall_s": per(ex.get("stall_s")),
         "compute_s": compute_s,
         "compute_actual_s": actual,
         "startup_s": startup,
         "other_s": other,
         "total_s": total,
         "exposed_pct": 100 * exposed / total if total and exposed is not None else None,
-        "storage_ops": sum(v or 0 for v in st["storage_ops"]),
+        "storage_ops": round(sum(v or 0 for v in st["storage_ops"]) / epochs),
         "MBps": run["MBps"],
         "rl": run["rl"],
         "digest": run["digest"],
@@ -433,7 +543,11 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     if args.compute_ms:
         fixed_ms = float(args.compute_ms)
-    extra_opts = {"model": True} if model else {}
+    extra_opts: dict[str, Any] = {"model": True} if model else {}
+    epochs = args.epochs if args.epochs is not None else (1 if args.quick else 3)
+    if epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+    extra_opts |= {"epochs": epochs, "evict_ms": args.evict_ms}
     tf_workers = [int(w) for w in args.torch_workers.split(",") if w != ""]
     tmp: list[str] = []
     result: dict[str, Any] = {"scenario": "async", "datasets": {}}
@@ -481,6 +595,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 compute_ms = fixed_ms
             entry["compute_ms"] = compute_ms
+            entry["epochs"] = epochs
             entry["compute"] = "model" if model else "sleep"
             compute_s = steps * compute_ms / 1e3
             # 2. Tables II-V: the four presets and the DataLoader baselines
@@ -535,7 +650,9 @@ def run(args: argparse.Namespace) -> int:
             if doc is None:
                 continue
             failed |= any(r.get("error") for r in doc["runs"])
-            rec_bytes = doc["runs"][0]["payload_bytes"] / max(1, shape.samples)
+            # payload of all epochs of the first run (every run delivers each sample once
+            # per epoch)
+            rec_bytes = doc["runs"][0]["payload_bytes"] / max(1, shape.samples * epochs)
             entry["ranks"] = doc["runs"][0]["ranks"]
             entry["steps"] = steps
             entry["record_bytes"] = rec_bytes
@@ -621,10 +738,19 @@ def markdown(result: dict[str, Any]) -> str:
                 f"async read time per step without compute: "
                 f"{e['calibration']['read_ms_per_step']:.2f} ms\n"
             )
+        epochs = e.get("epochs", 1)
         parts.append(
-            "| I/O strategy | exposed I/O s | of which 1st step | stalls s | median wait ms "
-            "| compute s asked (actual) | start-up s | other s | epoch s | exposed % | read ops | MB/s "
-            "| RL | digest |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            f"Seconds per epoch, averaged over {epochs} epoch(s) (the page cache emptied "
+            "every 100 ms after the first, so no epoch reads from memory); '1st wait' is the "
+            "first step's wait of epoch 1 (cold start) and of later epochs (mean).\n"
+            if epochs > 1
+            else "Seconds of one epoch from cold cache.\n"
+        )
+        parts.append(
+            "| I/O strategy | exposed I/O s | 1st wait, epoch 1 | 1st wait, later | stalls s "
+            "| median wait ms | compute s asked (actual) | start-up s | other s | epoch s "
+            "| exposed % | read ops | MB/s | RL | digest |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         )
         for r in e["rows"]:
             if r["error"]:
@@ -632,7 +758,8 @@ def markdown(result: dict[str, Any]) -> str:
                 continue
             parts.append(
                 f"| {r['name']} | {_f(r['exposed_io_s'])} | {_f(r['first_wait_s'])} | "
-                f"{_f(r['stall_s'])} | {_f(r['median_wait_ms'])} | "
+                f"{_f(r.get('later_first_wait_s'))} | {_f(r['stall_s'])} | "
+                f"{_f(r['median_wait_ms'])} | "
                 f"{_f(r['compute_s'])} ({_f(r['compute_actual_s'])}) | {_f(r['startup_s'])} | "
                 f"{_f(r['other_s'])} | {_f(r['total_s'])} | {_f(r['exposed_pct'], '.1f')} | "
                 f"{r['storage_ops']} | {_f(r['MBps'], '.0f')} | {_f(r['rl'], '.2f')} | "

@@ -177,8 +177,9 @@ def assignment(
     *,
     seed: int = 0,
     nodes: int = 1,
+    epoch: int = 0,
 ) -> list[np.ndarray]:
-    """Sample ids of each of this rank's steps in epoch 0 (every rank gets the same count).
+    """Sample ids of each of this rank's steps in *epoch* (every rank gets the same count).
 
     *kind* is any preset or assignment name of the planner (``contiguous``, ``strided``,
     ``skip``, ``global``, ``lmdb``, ``tf``, ...), so a peer delivers exactly the order
@@ -189,7 +190,7 @@ def assignment(
 
     if batch_size < 1:
         raise ConfigError(f"batch size must be >= 1, got {batch_size}")
-    plan = make_plan(n, WorldSpec(size, nodes), kind, seed, 0, batch_size)
+    plan = make_plan(n, WorldSpec(size, nodes), kind, seed, epoch, batch_size)
     ids, offs = plan.rank_samples(rank)
     total = len(offs) - 1
     steps = total if steps is None else min(steps, total)
@@ -215,8 +216,8 @@ class RunContext:
     seed: int = 0
     assignment: str = "contiguous"
 
-    def my_steps(self, n: int | None = None) -> list[np.ndarray]:
-        """This rank's sample ids per step under the peers' assignment."""
+    def my_steps(self, n: int | None = None, epoch: int = 0) -> list[np.ndarray]:
+        """This rank's sample ids per step of *epoch* under the peers' assignment."""
         n = len(self.source.index) if n is None else n
         return assignment(
             self.assignment,
@@ -227,6 +228,7 @@ class RunContext:
             self.steps,
             seed=self.seed,
             nodes=self.nodes,
+            epoch=epoch,
         )
 
     def compute(self) -> None:

@@ -8,6 +8,15 @@ buffer (``async``) the read of the next group starts only when the consumer has 
 the current one, so reads never overlap compute; with two (``async-db``) the I/O thread
 fills one buffer while the consumer drains the other. The trade: B samples (one or two
 buffers' worth) of memory per rank for one large read per group.
+
+Across epochs the I/O thread runs on: when every group of the pass is read, it makes
+the plan the Loader expects next (``anticipate``: the next epoch from step 0) and goes
+on filling buffers with that pass's groups as they free, so an epoch's first steps do
+not wait for storage either. ``start`` adopts that speculative pass, reads and thread
+included, only if it delivers exactly the samples the new pass asks for (same ids in
+the same order from the same step); otherwise it is cancelled and dropped (a
+``set_epoch`` to another epoch, a resume mid-epoch, a new seed). Errors met while
+reading ahead surface only if the pass is adopted and reaches the failed group.
 """
 
 from __future__ import annotations
@@ -22,6 +31,35 @@ from .reader import ExtentReader, coalesce, gather
 from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
 
 _WHOLE = 1 << 62  # merge every extent of a group: one read per group and file
+_POLL = 0.05  # seconds between checks of the stop flag while blocked
+
+Group = tuple[np.ndarray, np.ndarray, np.ndarray]  # buffer, sample offsets, lengths
+
+
+class _Pass:
+    """One rank's groups of one pass: what to read (runs) and what was read (ready)."""
+
+    def __init__(self, plan, first: int, rank: int) -> None:
+        self.plan = plan
+        self.first = first
+        self.ids, self.offsets = plan.rank_samples(rank)
+        self.g = _group_size(plan)
+        self.run_lo, self.run_hi = _runs(self.ids, self.g)
+        self.ready: dict[int, Group] = {}
+        self.next_read = 0  # next run the I/O thread reads
+        self.cur = 0  # run the consumer is in
+        self.error: BaseException | None = None
+
+    def same_samples(self, other: _Pass) -> bool:
+        return (
+            self.first == other.first
+            and self.g == other.g
+            and np.array_equal(self.offsets, other.offsets)
+            and np.array_equal(self.ids, other.ids)
+        )
+
+    def run(self, k: int) -> np.ndarray:
+        return self.ids[self.run_lo[k] : self.run_hi[k]]
 
 
 class GroupBufferSource(Source):
@@ -34,106 +72,175 @@ class GroupBufferSource(Source):
         super().__init__(ctx)
         self._reader: ExtentReader | None = None
         self._thread: threading.Thread | None = None
+        self._running = False  # an I/O thread is alive (guarded by _cond)
         self._cond = threading.Condition()
         self._stop = False
+        self._pass: _Pass | None = None  # what the consumer reads
+        self._spec: _Pass | None = None  # read ahead for the pass expected next
+        self._next_plan = None
+        self._finished = False
+        self._nbuf = 1
+        self._free = 0
         self._peak_group = 0
         self._fills = 0
+        self._anticipated = 0
+        self._carried = 0
+        self._adopted = 0
         self._wait_s = 0.0
 
     # ---------------------------------------------------------------- setup
     def start(self, plan, first_step: int) -> None:
-        self.stop()
         if self._reader is None:
             self._reader = ExtentReader(self.ctx.dataset.files, 1, plan.strategy.read)
-        ids, offsets = plan.rank_samples(self.ctx.rank)
-        self._plan = plan
-        self._first = first_step
-        self._ids = ids
-        self._offsets = offsets
-        g = _group_size(plan)
-        # runs of consecutive positions whose samples share a group: one buffer fill each
-        grp = ids // g
-        cut = np.flatnonzero(grp[1:] != grp[:-1]) + 1 if len(ids) else np.zeros(0, dtype=np.int64)
-        self._run_lo = np.concatenate(([0], cut)).astype(np.int64) if len(ids) else cut
-        self._run_hi = np.concatenate((cut, [len(ids)])).astype(np.int64) if len(ids) else cut
-        self._nbuf = max(1, int(plan.strategy.prefetch_depth) or 1)
-        self._ready: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._free = self._nbuf
-        self._error: BaseException | None = None
-        self._stop = False
-        self._cur = 0  # run the consumer is in
-        if len(self._run_lo):
-            self._thread = threading.Thread(
-                target=self._io_loop, name=f"feedline-io-r{self.ctx.rank}", daemon=True
-            )
-            self._thread.start()
+        new = _Pass(plan, first_step, self.ctx.rank)
+        with self._cond:
+            if self._finished:  # the I/O thread may still be making the expected plan
+                while self._running and self._spec is None and not self._stop:
+                    self._cond.wait(_POLL)
+            spec = self._spec
+            adopt = self._finished and not self._stop and spec is not None
+            adopt = adopt and spec.same_samples(new)  # type: ignore[union-attr]
+            if adopt:  # the I/O thread already reads this pass: keep it going
+                self._pass, self._spec = spec, None
+                self._carried += len(spec.ready)  # type: ignore[union-attr]
+                self._adopted += 1
+                self._finished = False
+                self._next_plan = None
+        if not adopt:
+            self.stop()
+            self._nbuf = max(1, int(plan.strategy.prefetch_depth) or 1)
+            self._free = self._nbuf
+            self._stop = False
+            self._pass = new
+        self._ensure_thread()
+
+    def anticipate(self, next_plan) -> None:
+        with self._cond:
+            self._next_plan = next_plan
+        self._ensure_thread()
+
+    def _ensure_thread(self) -> None:
+        with self._cond:
+            if self._running or self._stop or self._pass is None:
+                return
+            self._running = True
+        t = self._thread
+        if t is not None:
+            t.join()  # it has left its loop (it cleared _running under the lock)
+        self._thread = threading.Thread(
+            target=self._io_loop, name=f"feedline-io-r{self.ctx.rank}", daemon=True
+        )
+        self._thread.start()
 
     # ------------------------------------------------------------ I/O thread
-    def _io_loop(self) -> None:
-        plan, reader = self._plan, self._reader
-        assert reader is not None
-        try:
-            for k in range(len(self._run_lo)):
+    def _take_buffer(self) -> bool:
+        with self._cond:
+            while self._free == 0 and not self._stop:
+                self._cond.wait(_POLL)
+            if self._stop:
+                return False
+            self._free -= 1
+            return True
+
+    def _read_run(self, p: _Pass, k: int) -> Group:
+        assert self._reader is not None
+        fid, off, ln = p.plan.records.extents(p.run(k))
+        c = coalesce(fid, off, ln, gap=_WHOLE)
+        buf = np.empty(c.buffer_bytes, dtype=np.uint8)
+        self._reader.read(c.reads, buf)
+        return buf, c.src, ln
+
+    def _fill(self, p: _Pass, speculative: bool) -> bool:
+        """Read *p*'s remaining groups as buffers free; False when stopped or failed."""
+        while p.next_read < len(p.run_lo):
+            if not self._take_buffer():
+                return False
+            k = p.next_read
+            try:
+                got = self._read_run(p, k)
+            except BaseException as e:  # surfaces in the consumer as the original error
                 with self._cond:
-                    while self._free == 0 and not self._stop:
-                        self._cond.wait(0.05)
+                    self._free += 1
+                    p.error = e
+                    self._cond.notify_all()
+                return False
+            with self._cond:
+                p.ready[k] = got
+                p.next_read = k + 1
+                self._fills += 1
+                self._anticipated += speculative
+                self._peak_group = max(self._peak_group, got[0].nbytes)
+                self._cond.notify_all()
+        return True
+
+    def _io_loop(self) -> None:
+        try:
+            with self._cond:
+                p = self._pass
+            speculative = False
+            while p is not None and self._fill(p, speculative):
+                with self._cond:  # the pass is read: go on with the one expected next
+                    make, self._next_plan = self._next_plan, None
+                    if make is None or self._stop:
+                        return
+                try:
+                    nxt = _Pass(make(), 0, self.ctx.rank)
+                except Exception:  # speculative: no pass read ahead, nothing lost
+                    return
+                with self._cond:
                     if self._stop:
                         return
-                    self._free -= 1
-                run = self._ids[self._run_lo[k] : self._run_hi[k]]
-                fid, off, ln = plan.records.extents(run)
-                c = coalesce(fid, off, ln, gap=_WHOLE)
-                buf = np.empty(c.buffer_bytes, dtype=np.uint8)
-                reader.read(c.reads, buf)
-                with self._cond:
-                    self._ready[k] = (buf, c.src, ln)
-                    self._fills += 1
-                    self._peak_group = max(self._peak_group, c.buffer_bytes)
+                    self._spec = nxt
                     self._cond.notify_all()
-        except BaseException as e:  # surfaces in the consumer as the original error
+                p, speculative = nxt, True
+        finally:
             with self._cond:
-                self._error = e
+                self._running = False
                 self._cond.notify_all()
 
     # -------------------------------------------------------------- consumer
-    def _wait(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _wait(self, p: _Pass, k: int) -> Group:
         with self._cond:
             t0 = time.perf_counter()
-            while k not in self._ready:
-                if self._error is not None:
-                    raise self._error
+            while k not in p.ready:
+                if p.error is not None:
+                    raise p.error
                 if self._stop:
                     raise SourceStopped()
-                self._cond.wait(0.05)
+                if not self._running:  # nobody will read it: a bug, never a hang
+                    raise RuntimeError(f"grouped source: group {k} was never read")
+                self._cond.wait(_POLL)
             self._wait_s += time.perf_counter() - t0
-            return self._ready[k]
+            return p.ready[k]
 
-    def _release(self, k: int) -> None:
+    def _release(self, p: _Pass, k: int) -> None:
         with self._cond:
-            self._ready.pop(k, None)
+            p.ready.pop(k, None)
             self._free += 1
             self._cond.notify_all()
 
     def get(self, step: int) -> RawBatch:
-        i = step - self._first
-        lo, hi = int(self._offsets[i]), int(self._offsets[i + 1])
+        p = self._pass
+        assert p is not None
+        i = step - p.first
+        lo, hi = int(p.offsets[i]), int(p.offsets[i + 1])
         if lo == hi:
             return RawBatch.empty()
-        ids = self._ids[lo:hi]
+        ids = p.ids[lo:hi]
         parts: list[np.ndarray] = []
         lens: list[np.ndarray] = []
         pos = lo
         while pos < hi:
-            k = self._cur
-            rlo, rhi = int(self._run_lo[k]), int(self._run_hi[k])
-            buf, src, ln = self._wait(k)
+            k = p.cur
+            rlo, rhi = int(p.run_lo[k]), int(p.run_hi[k])
+            buf, src, ln = self._wait(p, k)
             a, b = pos - rlo, min(hi, rhi) - rlo
             parts.append(gather(buf, src[a:b], ln[a:b]))
             lens.append(ln[a:b])
             pos = rlo + b
             if pos == rhi:  # buffer drained: hand it back to the I/O thread
-                self._release(k)
-                self._cur += 1
+                self._release(p, k)
+                p.cur += 1
         data = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return RawBatch(ids, data, np.concatenate(lens).astype(np.int64))
 
@@ -143,15 +250,26 @@ class GroupBufferSource(Source):
             self._stop = True
             self._cond.notify_all()
 
+    def finish(self) -> None:
+        # every group was consumed: the I/O thread goes on with the anticipated pass
+        # (the next start adopts or cancels it; stop and close cancel it)
+        with self._cond:
+            self._finished = True
+
     def stop(self) -> None:
-        t = self._thread
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        t = self._thread
         if t is not None:
             t.join()
         self._thread = None
-        self._ready = {}
+        with self._cond:
+            self._running = False
+            self._pass = self._spec = None
+            self._next_plan = None
+            self._finished = False
+            self._free = self._nbuf
 
     def memory_bytes(self, plan) -> int:
         g = _group_size(plan)
@@ -160,11 +278,13 @@ class GroupBufferSource(Source):
 
     def stats(self) -> dict[str, Any]:
         st = self._reader.stats() if self._reader is not None else {}
-        nbuf = getattr(self, "_nbuf", 1)
         st.update(
-            buffer_bytes=nbuf * self._peak_group,
-            buffers=nbuf,
+            buffer_bytes=self._nbuf * self._peak_group,
+            buffers=self._nbuf,
             group_reads=self._fills,
+            anticipated_groups=self._anticipated,
+            carried_groups=self._carried,
+            adopted_passes=self._adopted,
             buffer_wait_s=self._wait_s,
         )
         return st
@@ -174,6 +294,18 @@ class GroupBufferSource(Source):
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+
+def _runs(ids: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of consecutive positions whose samples share a group: one buffer fill each."""
+    if not len(ids):
+        z = np.zeros(0, dtype=np.int64)
+        return z, z
+    grp = ids // g
+    cut = np.flatnonzero(grp[1:] != grp[:-1]) + 1
+    lo = np.concatenate(([0], cut)).astype(np.int64)
+    hi = np.concatenate((cut, [len(ids)])).astype(np.int64)
+    return lo, hi
 
 
 def _group_size(plan) -> int:

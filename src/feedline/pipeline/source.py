@@ -11,8 +11,9 @@ Contract, in the order the Loader calls it::
 
     src = SOURCES[name](ctx)         # once per Loader
     src.start(plan, first_step)      # once per epoch (or resume)
+    src.anticipate(next_plan)        # optional: the plan that probably follows
     src.get(step)                    # first_step, first_step+1, ... in order
-    src.stop()                       # end of the epoch's iteration, early or not
+    src.finish()                     # every step delivered (or src.stop(): dropped early)
     src.stats(); src.close()
 
 ``get`` is called from one thread at a time (the Loader's producer, or the consumer
@@ -20,6 +21,14 @@ when ``threaded`` is True, i.e. the source runs its own I/O thread and buffers).
 end a pass the Loader calls ``request_stop`` (from any thread: a ``get`` blocked on
 peers or tokens must then return promptly by raising :class:`SourceStopped`), joins
 its producer, and then calls ``stop``.
+
+*Anticipation* hides the first read of an epoch. The Loader tells a started source the
+plan it expects next (``anticipate``: a callable, since making a plan costs
+milliseconds); once the current pass's reads are done and a buffer is free, a source
+may read that plan's first batch in the background and keep it across ``finish``.
+The next ``start`` uses it only if it holds exactly the records the new plan starts
+with (plans are pure, so a ``set_epoch`` or ``load_state_dict`` that changes the order
+simply discards it); ``stop`` and ``close`` cancel it.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -107,6 +117,13 @@ class Source(ABC):
     @abstractmethod
     def get(self, step: int) -> RawBatch:
         """The rank's raw sub-batch of *step* (called in step order)."""
+
+    def anticipate(self, next_plan: Callable[[], Plan]) -> None:  # noqa: B027 - optional hook
+        """*next_plan()* is the plan expected after this pass (see the module docstring)."""
+
+    def finish(self) -> None:
+        """Every step of the pass was delivered; by default the same as :meth:`stop`."""
+        self.stop()
 
     def request_stop(self) -> None:  # noqa: B027 - optional hook
         """Ask a blocked ``get`` to give up (any thread); ``stop`` follows."""
