@@ -349,6 +349,7 @@ class Loader:
             self._assemble,
             depth=depth,
             pool=self._pool,
+            workers=self.options.workers,
             timeout_s=self.options.timeout_s,
             name=f"feedline-r{self.world.rank}",
         )

@@ -59,7 +59,7 @@ class EpochRun:
         Decode/transform workers (kept by the Loader across passes); without one, a
         pool of *workers* threads is made for this pass and shut down with it.
     workers : int
-        Size of the pool made when none is given.
+        Size of *pool* (with a threaded source and one worker, the producer decodes).
     timeout_s : float
         Longest wait for one batch (0: no limit).
 
@@ -103,8 +103,13 @@ class EpochRun:
         self._consumer_waits = False
         self._producer_waits = False
         self._futures: collections.deque[Future] = collections.deque()  # work not yet done
+        # a threaded source reads on its own thread: the producer only cuts sub-batches
+        # out of its buffers, so it decodes them too, one thread hand-off fewer per step
+        self._assemble_here = source.threaded and workers <= 1
         if not self._inline and first < last:
-            if pool is None:
+            if self._assemble_here:
+                pool = None
+            elif pool is None:
                 pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-work")
                 self._own_pool = True
             self._pool = pool
@@ -148,6 +153,10 @@ class EpochRun:
                 raw = self.source.get(step)
                 if self._stop.is_set():
                     return
+                if self._assemble_here:
+                    self._work(raw, step)
+                    step += 1
+                    continue
                 assert self._pool is not None
                 futs = self._futures
                 while futs and futs[0].done():
