@@ -16,9 +16,10 @@ from feedline.bench.runners import assignment
 from feedline.cli import main
 
 
-def _digest_from_files(path: str, batch: int, ranks: int, kind: str) -> str:
+def _digest_from_files(path: str, batch: int, ranks: int, kind: str, epochs: int = 1) -> str:
     """The digest of *kind*'s order over the rows of the HDF5 files, computed with h5py
-    alone (files sorted by name, rows in file order)."""
+    alone (files sorted by name, rows in file order); epoch e's steps are numbered on
+    from epoch e-1's."""
     rows = []
     for f in sorted(p for p in os.listdir(path) if p.endswith(".h5")):
         with h5py.File(os.path.join(path, f), "r") as h:
@@ -26,8 +27,11 @@ def _digest_from_files(path: str, batch: int, ranks: int, kind: str) -> str:
     deliveries = []
     for r in range(ranks):
         steps = []
-        for s, ids in enumerate(assignment(kind, len(rows), batch, r, ranks)):
-            steps.append((s, ids, [len(rows[i]) for i in ids], b"".join(rows[i] for i in ids)))
+        for e in range(epochs):
+            order = assignment(kind, len(rows), batch, r, ranks, epoch=e)
+            for s, ids in enumerate(order):
+                raw = b"".join(rows[i] for i in ids)
+                steps.append((e * len(order) + s, ids, [len(rows[i]) for i in ids], raw))
         deliveries.append(steps)
     return digest_of(deliveries)
 
@@ -146,3 +150,41 @@ def test_async_real_model_as_compute(tmp_path):
         assert r["error"] is None
         assert r["compute_actual_s"] > 0  # a real training step ran after every batch
         assert r["exposed_io_s"] + r["compute_actual_s"] <= r["total_s"] * 1.001
+
+
+def test_async_epochs_average_and_follow_each_epochs_order(tmp_path):
+    """--epochs 2: every row delivers epoch 0 then epoch 1 in that epoch's order (the
+    DataLoader peer too), and the table is per average epoch."""
+    doc = _run(
+        tmp_path,
+        "--ranks",
+        "2",
+        "--datasets",
+        "cosmoflow",
+        "--compute",
+        "1",
+        "--epochs",
+        "2",
+        "--torch-workers",
+        "0",
+        "--sweep",
+        "",
+        "--no-plots",
+    )
+    e = doc["datasets"]["cosmoflow"]
+    assert e["epochs"] == 2
+    rows = {r["name"]: r for r in e["rows"]}
+    want = _digest_from_files(
+        str(tmp_path / "data" / "cosmoflow"), QUICK["cosmoflow"].batch_size, 2, "tf", epochs=2
+    )
+    assert rows["tf"]["digest"] == rows["tf-pre"]["digest"] == rows["torch-w0"]["digest"] == want
+    assert rows["async"]["digest"] == rows["async-db"]["digest"] != want
+    for r in rows.values():
+        assert r["epochs"] == 2 and r["later_first_wait_s"] is not None
+        assert r["compute_s"] == pytest.approx(e["steps"] * 1e-3)  # per epoch
+        assert r["compute_actual_s"] >= r["compute_s"] * 0.999
+        assert 0 <= r["exposed_io_s"] <= r["total_s"]
+    # per-epoch read ops: one per sample for tf
+    assert rows["tf"]["storage_ops"] == QUICK["cosmoflow"].samples
+    md = (tmp_path / "out" / "async.md").read_text()
+    assert "averaged over 2 epoch(s)" in md
