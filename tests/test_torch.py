@@ -173,3 +173,50 @@ def test_real_torchrun_with_gloo_ddp(records, tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "TORCHRUN-OK" in out.stdout
+
+
+_EXIT_SCRIPT = """
+import sys, threading, time
+import numpy as np
+from feedline.io.engine import IOEngine
+
+path = sys.argv[1]
+eng = IOEngine([path], threads=4, method="pread", chunk_bytes=4096)
+
+def spin():  # always inside a GIL-free engine call, or about to be
+    buf = np.empty(1 << 20, np.uint8)
+    while True:
+        eng.read(([0], [0], [1 << 20]), buf)
+
+for _ in range(3):
+    threading.Thread(target=spin, daemon=True).start()
+futures = [eng.submit(([0], [0], [1 << 20]), np.empty(1 << 20, np.uint8)) for _ in range(8)]
+time.sleep(0.2)
+print("EXITING", flush=True)
+# no close(): the interpreter tears down around busy engine threads and daemon threads
+"""
+
+
+def test_interpreter_exit_with_busy_engine_and_daemon_threads(tmp_path):
+    """Exiting while daemon threads are inside GIL-free engine calls must exit 0.
+
+    The teardown abort of the torchrun test is torch's (see test_real_torchrun_with_gloo_ddp),
+    but feedline had the same failure of its own: a daemon thread returning from an
+    engine call during Py_FinalizeEx was ended by CPython with pthread_exit, whose forced
+    unwind hit the noexcept GIL guard: "terminate called without an active exception",
+    every run. The bindings now park such a thread instead (cpp/bindings/module.cpp).
+    """
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(np.random.default_rng(0).integers(0, 256, 1 << 20, np.uint8).tobytes())
+    script = tmp_path / "exit.py"
+    script.write_text(_EXIT_SCRIPT)
+    for _ in range(5):
+        out = subprocess.run(
+            [sys.executable, str(script), str(blob)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "EXITING" in out.stdout
+        assert "terminate" not in out.stderr, out.stderr

@@ -7,4 +7,32 @@ void register_errors(nanobind::module_& m);
 void register_lmdb(nanobind::module_& m);
 void register_codecs(nanobind::module_& m);
 void register_io(nanobind::module_& m);
+
+/// Remember which thread is the interpreter's main thread (module.cpp, at import).
+void note_main_thread();
+
+/// PyEval_RestoreThread(state), except in a thread other than the main thread once the
+/// interpreter is finalizing: there the thread is parked for good instead.
+///
+/// Why: CPython < 3.14 ends a thread that asks for the GIL during Py_FinalizeEx with
+/// pthread_exit(). Its forced unwind then runs through this noexcept frame (and
+/// nanobind's catch (...) above it), which calls std::terminate: "terminate called
+/// without an active exception", SIGABRT at exit, whenever a daemon thread returns
+/// from a GIL-free call (an engine wait, a read) while the main thread shuts down.
+/// Parking is what CPython 3.14 itself does with such threads; the process exits
+/// around them.
+void reacquire_gil(PyThreadState* state) noexcept;
+
+/// nb::gil_scoped_release whose reacquisition is reacquire_gil(): use it (directly or
+/// as nb::call_guard<ReleaseGil>) for every call that drops the GIL.
+class ReleaseGil {
+ public:
+  ReleaseGil() noexcept : state_(PyEval_SaveThread()) {}
+  ~ReleaseGil() { reacquire_gil(state_); }
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
 }  // namespace feedline::py

@@ -35,7 +35,7 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T>&& v) {
 nb::tuple scan(const std::string& path, std::size_t buffer_bytes, bool verify_data) {
   TFRecordIndex idx;
   {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     idx = scan_tfrecord(path, TFRecordScanOptions{buffer_bytes, verify_data});
   }
   const auto reads = idx.reads;
@@ -68,7 +68,7 @@ Fault decode_batch(Bytes raw, I64In lengths, U8Out2 out, I64Out labels, U8Out1 e
   spec.encoded_lengths = encoded_lengths.data();
   std::optional<DatumFault> fault;
   {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     fault = decode_datum_batch(raw.data(), raw.shape(0), lengths.data(), count, spec);
   }
   if (!fault) return std::nullopt;
@@ -81,11 +81,11 @@ void register_codecs(nb::module_& m) {
   m.def(
       "crc32c",
       [](Bytes data, std::uint32_t crc) { return crc32c(data.data(), data.shape(0), crc); },
-      nb::arg("data"), nb::arg("crc") = 0, nb::call_guard<nb::gil_scoped_release>(),
+      nb::arg("data"), nb::arg("crc") = 0, nb::call_guard<ReleaseGil>(),
       "CRC32C (Castagnoli) of a uint8 buffer, extending *crc*.");
   m.def(
       "masked_crc32c", [](Bytes data) { return masked_crc32c(data.data(), data.shape(0)); },
-      nb::arg("data"), nb::call_guard<nb::gil_scoped_release>(),
+      nb::arg("data"), nb::call_guard<ReleaseGil>(),
       "TFRecord's masked CRC32C of a uint8 buffer.");
   m.def("mask_crc32c", &mask_crc32c, nb::arg("crc"), "Mask a CRC the way TFRecord does.");
   m.def("crc32c_hardware", &detail::crc32c_hardware, "True when CRC32C uses SSE4.2.");
@@ -105,7 +105,7 @@ void register_codecs(nb::module_& m) {
   m.def(
       "parse_datum",
       [](Bytes rec, const std::string& name) { return parse_datum(rec.data(), rec.shape(0), name); },
-      nb::arg("record"), nb::arg("name") = "<record>", nb::call_guard<nb::gil_scoped_release>(),
+      nb::arg("record"), nb::arg("name") = "<record>", nb::call_guard<ReleaseGil>(),
       "Parse and validate one Caffe Datum; raises CorruptDataError(name, offset, reason).");
   m.def("decode_datum_batch", &decode_batch, nb::arg("raw"), nb::arg("lengths"), nb::arg("out"),
         nb::arg("labels"), nb::arg("encoded"), nb::arg("encoded_offsets"),

@@ -23,7 +23,7 @@ namespace {
 using Ids = nb::ndarray<const std::int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I64 = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Bytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using Release = nb::call_guard<nb::gil_scoped_release>;
+using Release = nb::call_guard<ReleaseGil>;
 
 std::vector<Extent> to_extents(const Ids& file_ids, const I64& offsets, const I64& lengths) {
   const std::size_t n = file_ids.shape(0);

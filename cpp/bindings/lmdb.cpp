@@ -24,7 +24,7 @@ nb::ndarray<nb::numpy, const T, nb::ndim<1>> view(const std::vector<T>& v) {
 
 void register_lmdb(nb::module_& m) {
   namespace L = feedline::lmdb;
-  using guard = nb::call_guard<nb::gil_scoped_release>;
+  using guard = nb::call_guard<ReleaseGil>;
 
   nb::class_<L::IndexOptions>(m, "_LmdbIndexOptions")
       .def(nb::init<>())
