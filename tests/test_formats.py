@@ -216,6 +216,32 @@ class TestRecordsWideLabelsWithHeader(TestRecords):
     pixels = 30
 
 
+def test_records_cifar100_fine_and_coarse_labels(tmp_path):
+    """CIFAR-100 binary: <coarse u8><fine u8><3072 pixels>; label_byte picks one of them
+    (as a 2-byte integer they would read coarse + 256 * fine), each its own sidecar."""
+    rng = np.random.default_rng(3)
+    n = 40
+    coarse = rng.integers(0, 20, n).astype(np.uint8)
+    fine = rng.integers(0, 100, n).astype(np.uint8)
+    px = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+    path = tmp_path / "train.bin"
+    path.write_bytes(b"".join(bytes([coarse[i], fine[i]]) + px[i].tobytes() for i in range(n)))
+    for pick, want in ((1, fine), (0, coarse)):
+        with feedline.open_dataset(
+            str(path), format="records", record_bytes=3074, label_bytes=2, label_byte=pick
+        ) as ds:
+            np.testing.assert_array_equal(ds.index.labels, want)
+            data, labels = ds.decode(*ds.read_many(np.arange(n)), np.arange(n))
+            np.testing.assert_array_equal(data, px)
+            np.testing.assert_array_equal(labels, want)
+    with feedline.open_dataset(str(path), format="records", record_bytes=3074, label_bytes=2) as ds:
+        np.testing.assert_array_equal(ds.index.labels, coarse + 256 * fine.astype(np.uint16))
+    with pytest.raises(feedline.ConfigError, match="label_byte=2"):
+        feedline.open_dataset(
+            str(path), format="records", record_bytes=3074, label_bytes=2, label_byte=2
+        )
+
+
 class TestNpy(FormatConformance):
     format = "npy"
     dtype = np.dtype("<f4")

@@ -1,7 +1,9 @@
 """Fixed-length binary records (CIFAR-10 binary and the like).
 
 Every file is ``header_bytes`` of header followed by records of exactly ``record_bytes``
-bytes, of which the first ``label_bytes`` are the label. Offsets are computed, so
+bytes, of which the first ``label_bytes`` are the label (a little-endian unsigned
+integer; or, with ``label_byte=k``, only byte k of them, for layouts that store several
+one-byte labels, like CIFAR-100's coarse and fine label). Offsets are computed, so
 indexing is free — except that labels are interleaved with the data: when
 ``label_bytes > 0`` the indexer reads each file once, sequentially in large preads, to
 collect them (the sidecar caches the result, so this happens once per dataset).
@@ -58,14 +60,20 @@ def _int_option(options: dict[str, Any], name: str, default: int | None, minimum
 
 @register
 class RecordsFormat(Format):
-    """Fixed-length records; options ``record_bytes`` (required), ``label_bytes``, ``header_bytes``.
+    """Fixed-length records; options ``record_bytes`` (required), ``label_bytes``,
+    ``label_byte``, ``header_bytes``.
 
     A directory means its ``*.bin`` files (or all its files when it has none).
     """
 
     name: ClassVar[str] = "records"
     extensions: ClassVar[tuple[str, ...]] = (".bin",)
-    options: ClassVar[tuple[str, ...]] = ("record_bytes", "label_bytes", "header_bytes")
+    options: ClassVar[tuple[str, ...]] = (
+        "record_bytes",
+        "label_bytes",
+        "label_byte",
+        "header_bytes",
+    )
 
     def __init__(self, path, **options: Any) -> None:
         super().__init__(path, **options)
@@ -76,9 +84,20 @@ class RecordsFormat(Format):
             raise ConfigError(f"label_bytes must be 0, 1, 2 or 4, not {label}")
         if label >= record:
             raise ConfigError(f"label_bytes ({label}) must be smaller than record_bytes ({record})")
+        pick = self.options.get("label_byte")
+        if pick is not None:
+            pick = _int_option(self.options, "label_byte", None, 0)
+            if pick >= label:
+                raise ConfigError(
+                    f"label_byte={pick} must name one of the {label} label bytes "
+                    "(e.g. label_bytes=2, label_byte=1 for CIFAR-100's fine label)"
+                )
         # normalised, so equal configurations share one sidecar
         self.options = {"record_bytes": record, "label_bytes": label, "header_bytes": header}  # type: ignore[misc]
+        if pick is not None:
+            self.options["label_byte"] = pick
         self.record_bytes, self.label_bytes, self.header_bytes = record, label, header
+        self.label_byte: int | None = pick
 
     @classmethod
     def sniff(cls, path: str) -> bool:
@@ -121,6 +140,7 @@ class RecordsFormat(Format):
             meta={
                 "record_bytes": rb,
                 "label_bytes": lb,
+                "label_byte": self.label_byte,
                 "header_bytes": hb,
                 "sample_shape": [rb - lb],
                 "dtype": "uint8",
@@ -129,7 +149,8 @@ class RecordsFormat(Format):
 
     def _read_labels(self, path: str, n: int) -> np.ndarray:
         rb, lb, hb = self.record_bytes, self.label_bytes, self.header_bytes
-        dt = LABEL_DTYPES[lb]
+        pick = self.label_byte
+        dt = LABEL_DTYPES[lb] if pick is None else np.dtype("u1")
         out = np.empty(n, dtype=dt.newbyteorder("="))
         per_read = max(1, SCAN_BYTES // rb)
         fd = os.open(path, os.O_RDONLY)
@@ -138,7 +159,10 @@ class RecordsFormat(Format):
                 k = min(per_read, n - start)
                 buf = pread_exact(fd, k * rb, hb + start * rb, path)
                 rows = np.frombuffer(buf, dtype=np.uint8).reshape(k, rb)
-                out[start : start + k] = np.ascontiguousarray(rows[:, :lb]).view(dt).ravel()
+                if pick is None:
+                    out[start : start + k] = np.ascontiguousarray(rows[:, :lb]).view(dt).ravel()
+                else:
+                    out[start : start + k] = rows[:, pick]
         finally:
             os.close(fd)
         return out
