@@ -381,3 +381,18 @@ def test_glob_of_nothing(tmp_path):
     with pytest.raises(FileNotFoundError):
         feedline.open_dataset(str(tmp_path / "*.npy"), format="npy")
     assert not glob.glob(str(tmp_path / "*.npy"))
+
+
+def test_npy_directory_uses_its_labels_npy_by_default(tmp_path):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((6, 3)).astype("<f4")
+    b = rng.standard_normal((4, 3)).astype("<f4")
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    labels = np.arange(10) % 3
+    np.save(tmp_path / "labels.npy", labels)
+    with feedline.open_dataset(str(tmp_path), sidecar=False) as ds:
+        assert len(ds) == 10  # labels.npy is not data
+        np.testing.assert_array_equal(ds.index.labels, labels)
+    with feedline.open_dataset(str(tmp_path), labels=False, sidecar=False) as ds:
+        assert len(ds) == 10 and ds.index.labels is None

@@ -179,12 +179,18 @@ def _load_labels(path: str) -> np.ndarray:
     return arr.astype(arr.dtype.newbyteorder("="))
 
 
+#: the labels file a dataset directory may hold
+DEFAULT_LABELS = "labels.npy"
+
+
 @register
 class NpyFormat(Format):
     """``.npy`` files (one, a list, a directory or a glob) with equal row shape and dtype.
 
     Option ``labels``: a ``.npy`` of labels (or a list, one per data file), whose rows
     follow the samples in order; relative paths are looked up in the dataset directory.
+    A directory holding ``labels.npy`` uses it by default (as ``feedline make npy``
+    writes it); ``labels=False`` reads no labels (and ``labels.npy`` is still not data).
     """
 
     name: ClassVar[str] = "npy"
@@ -193,6 +199,12 @@ class NpyFormat(Format):
 
     def resolve(self, path):
         root, files = super().resolve(path)
+        default = os.path.join(root, DEFAULT_LABELS)
+        if isinstance(path, str | os.PathLike) and os.path.isdir(path) and os.path.isfile(default):
+            if self.options.get("labels") is None:
+                self.options["labels"] = DEFAULT_LABELS  # type: ignore[index]
+            elif self.options.get("labels") is False:
+                files = [f for f in files if os.path.abspath(f) != os.path.abspath(default)]
         self.label_files = self._label_files(root)
         if self.label_files:
             files = [f for f in files if f not in self.label_files]
