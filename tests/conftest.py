@@ -3,8 +3,6 @@ those tests are deselected, not skipped, so a default run never counts them."""
 
 from __future__ import annotations
 
-import pytest
-
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", help="run the full tier as well")

@@ -95,7 +95,7 @@ def test_concurrent_writers_never_tear(tmp_path):
 
 
 def test_validate_against_sizes(tmp_path):
-    f, idx = _index(tmp_path)
+    _f, idx = _index(tmp_path)
     idx.validate_against_sizes([1000])
     with pytest.raises(CorruptDataError, match="beyond"):
         idx.validate_against_sizes([995])

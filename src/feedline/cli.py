@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     seen: set[str] = set()
-    for name, modname in COMMANDS.items():
+    for modname in COMMANDS.values():
         if modname in seen:
             continue
         try:

@@ -9,6 +9,7 @@ touches the file system O(nodes) times, not O(ranks).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from typing import Any, Literal
@@ -216,10 +217,8 @@ class Dataset:
     def close(self) -> None:
         """Close file descriptors opened by :meth:`read`."""
         for fd in self._fds.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._fds.clear()
 
     def __enter__(self) -> Dataset:
@@ -229,10 +228,8 @@ class Dataset:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def __getstate__(self):
         state = self.__dict__.copy()
