@@ -358,3 +358,21 @@ def test_anticipated_first_group_is_used_only_when_it_matches(records, preset):
         assert _ids(got) == _ids(want), f"epoch {epoch}"
     assert data == [b.data.tobytes() for b in fresh(1)]
     assert not feedline_threads()
+
+
+def test_feedline_reads_direct_only_when_the_page_cache_cannot_keep_the_data(
+    records, monkeypatch
+):
+    ds, data = records
+    with Loader(ds, 30) as ld:
+        assert ld.strategy.read == "pread"  # 7 KB: the page cache keeps it
+    monkeypatch.setenv("FEEDLINE_DIRECT_ABOVE", "1000")
+    with Loader(ds, 30) as ld:
+        assert ld.strategy.read == "odirect"
+        got = run_epoch(ld)
+    ids = np.concatenate([b.ids for b in got])
+    assert sorted(ids.tolist()) == list(range(300))
+    for b in got:  # identical bytes whatever the read method
+        np.testing.assert_array_equal(b.data, data[b.ids])
+    with Loader(ds, 30, read="pread") as ld:
+        assert ld.strategy.read == "pread"  # an explicit read= wins

@@ -40,6 +40,12 @@ KNOBS: dict[str, _Knob] = {
     "io_chunk_mib": _Knob(8, "largest single read of the I/O engine in MiB (longer extents are split)"),
     "io_align": _Knob(0, "O_DIRECT alignment in bytes (0: from the file system, else 4096)"),
     "io_retries": _Knob(3, "retries of a transient I/O error (EIO...) before StorageError"),
+    "direct_above": _Knob(
+        _node_ram() // 2,
+        "the feedline preset reads with O_DIRECT when this node's dataset files exceed this "
+        "many bytes (default RAM/2: the page cache cannot keep them for the next epoch), "
+        "else with buffered pread",
+    ),
     "coalesce_mib": _Knob(8, "minimum coalesced read size in MiB"),
     "prefetch_depth": _Knob(2, "batches read ahead of the consumer (2 = double buffering)"),
     "cache_dir": _Knob(

@@ -205,6 +205,8 @@ class Loader:
                 st = st.replace(chunk=opts.buffer.in_samples(mean))
             elif st.chunk == 0 and st.chunk_layout == "rank":
                 st = st.replace(chunk=default_buffer().in_samples(mean))
+        if self.preset == "feedline" and "read" not in knobs and st.read == "odirect":
+            st = st.replace(read=self._default_read())
         if self._source_name == "direct" and st.aggregated:
             # node aggregation needs the node source (MPI windows); direct reads per rank
             st = st.replace(readers_per_node=0)
@@ -213,6 +215,17 @@ class Loader:
         if self._source_name == "node" and not st.aggregated:
             st = st.replace(readers_per_node=None)  # LMDBIO's rule: 1 reader <= 16 ranks
         return st
+
+    def _default_read(self) -> str:
+        """``odirect`` when this node's files are too big for its page cache to keep
+        them until the next epoch (FEEDLINE_DIRECT_ABOVE, default RAM/2): caching them
+        would only cost CPU and evict other data. Else buffered ``pread``, so that epochs
+        after the first read from memory."""
+        try:
+            total = sum(os.path.getsize(f) for f in self.dataset.files)
+        except OSError:
+            return "odirect"
+        return "odirect" if total > int(defaults.get("direct_above")) else "pread"
 
     def _resolve_cap(self, memory_cap) -> int:
         from .pipeline.options import parse_bytes
