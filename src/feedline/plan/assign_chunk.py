@@ -22,12 +22,17 @@ the short groups cut from the end of the file.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ._perm import derive_key, permute, subkeys
 from .streams import Assignment, GroupSlots, register
 
 DEFAULT_CHUNK = 64
+#: With ``chunk_bytes``, a tile spans at most B // MIN_REGIONS batch columns, so that a
+#: global batch draws from at least this many places of the file.
+MIN_REGIONS = 16
 
 
 class ChunkStream:
@@ -112,11 +117,169 @@ class ColumnChunkStream:
         return out % self.n if self.n else out
 
 
-def _make(n: int, strategy, key, geo):
-    g = chunk_size(n, strategy)
+class TiledColumnStream:
+    """Column layout with tiles: m adjacent batch columns over g steps share one
+    contiguous run of the file (``strategy.chunk_bytes``; see :func:`tile_shape`).
+
+    Steps are cut into K = ceil(S/g) rows of g steps; the last row is ragged (long
+    columns have hL = S - (K-1)·g steps in it, short ones hL - 1). Columns are cut into
+    nb = ceil(B/m) blocks of q or q+1 adjacent columns (the first r = B mod nb blocks are
+    the wider ones). Tile (row k, block b) is one contiguous run of the file whose cells
+    are numbered row-major (step, then column) and locally permuted. The file holds the
+    full rows' wide tiles, then their narrow tiles (each kind in a keyed order), then the
+    last row's nb tiles (keyed order, sizes vary). Like :class:`ColumnChunkStream`,
+    ``take`` expects column-layout base positions and returns ids modulo N.
+    """
+
+    wraps = True
+
+    def __init__(self, n: int, g: int, m: int, key: np.uint64, geo) -> None:
+        self.n, self.g, self.m, self.key = n, g, m, key
+        S, B, L = geo.steps, geo.B, geo.last
+        self.S, self.B, self.L = S, B, L
+        self.total = geo.total
+        self.K = -(-S // g) if S else 0
+        self.nb = nb = -(-B // m)
+        self.q, self.r = q, r = divmod(B, nb)
+        self.R = R = max(self.K - 1, 0)  # full rows
+        self.hL = S - R * g
+        self.base_b = R * r * (q + 1) * g
+        self.base_c = self.base_b + R * (nb - r) * q * g
+        b = np.arange(nb, dtype=np.int64)
+        first = b * q + np.minimum(b, r)
+        w = q + (b < r)
+        # a short last step (L < B columns) is its own row of tiles: the layout splits it
+        # among ranks by its own length, so it must not be scattered through the others
+        self.split = L < B
+        self.h_last = self.hL - 1 if self.split else self.hL
+        self.k_a = derive_key(int(key), 0x54494C4541)  # "TILEA"
+        self.k_b = derive_key(int(key), 0x54494C4542)
+        self.inner = derive_key(int(key), 0x43484E4B)
+        base = self.base_c
+        self.size_c, self.start_c, base = self._row(w * self.h_last, base, 0x54494C4543)
+        size_d = np.clip(L - first, 0, w) if self.split else np.zeros(nb, dtype=np.int64)
+        self.size_d, self.start_d, base = self._row(size_d, base, 0x54494C4544)
+        if base != self.total:  # pragma: no cover
+            raise AssertionError("tiles do not cover the epoch")
+
+    def _row(self, size: np.ndarray, base: int, tag: int):
+        """Sizes and file starts of one row's nb tiles placed in a keyed order from *base*."""
+        nb = self.nb
+        size = np.asarray(size, dtype=np.int64)
+        slot = permute(np.arange(nb, dtype=np.int64), nb, derive_key(int(self.key), tag))
+        by_slot = np.empty(nb, dtype=np.int64)
+        by_slot[slot] = size
+        starts = np.zeros(nb, dtype=np.int64)
+        np.cumsum(by_slot[:-1], out=starts[1:])
+        return size, base + starts[slot], base + int(size.sum())
+
+    @property
+    def tile(self) -> int:
+        """Samples of a full tile (m·g, or m·S when one row covers the epoch)."""
+        return self.m * min(self.g, max(self.S, 1))
+
+    def take(self, pos: np.ndarray) -> np.ndarray:
+        pos = np.asarray(pos, dtype=np.int64)
+        S, L, g, q, r, nb = self.S, self.L, self.g, self.q, self.r, self.nb
+        long_ = pos < L * S
+        c = np.where(long_, pos // max(S, 1), L + (pos - L * S) // max(S - 1, 1))
+        t = np.where(long_, pos - c * S, pos - L * S - (c - L) * (S - 1))
+        k, u = np.divmod(t, g)
+        wide = c < r * (q + 1)
+        b = np.where(wide, c // (q + 1), r + (c - r * (q + 1)) // q)
+        local = u * (q + wide) + (c - (b * q + np.minimum(b, r)))
+        out = np.empty_like(pos)
+        full = k < self.R
+        sel = full & wide
+        if sel.any():
+            size = (q + 1) * g
+            start = permute(k[sel] * r + b[sel], self.R * r, self.k_a) * size
+            out[sel] = start + permute(local[sel], size, subkeys(self.inner, start))
+        sel = full & ~wide
+        if sel.any():
+            size = q * g
+            i = k[sel] * (nb - r) + (b[sel] - r)
+            start = self.base_b + permute(i, self.R * (nb - r), self.k_b) * size
+            out[sel] = start + permute(local[sel], size, subkeys(self.inner, start))
+        final = (t == S - 1) & self.split
+        for sel, starts, sizes in (
+            (~full & ~final, self.start_c, self.size_c),
+            (final, self.start_d, self.size_d),
+        ):
+            if sel.any():
+                start, size = starts[b[sel]], sizes[b[sel]]
+                loc = local[sel] if sizes is self.size_c else (c - (b * q + np.minimum(b, r)))[sel]
+                out[sel] = start + permute(loc, size, subkeys(self.inner, start))
+        return out % self.n if self.n else out
+
+
+def _mean_length(records) -> float | None:
+    """Mean record length in bytes, or None when the plan was made from a bare count."""
+    if records is None:
+        return None
+    from .records import CountOnly
+
+    if isinstance(records, CountOnly):
+        return None
+    return float(records.mean_length)
+
+
+def column_shape(n: int, strategy, geo, records=None) -> tuple[int, int]:
+    """``(g, m)`` of the column layout: slot height g (steps) and tile width m (columns).
+
+    Without ``strategy.chunk_bytes`` (or without record lengths) this is
+    ``(chunk_size(n, strategy), 1)``: one group of g samples per column slot. With it, m
+    adjacent batch columns share one contiguous tile of m·g samples, sized so that a tile
+    holds at least ``chunk_bytes`` (see :func:`tile_shape`).
+    """
+    S = int(geo.steps) if geo is not None else 0
+    B = int(geo.B) if geo is not None else 1
+    return tile_shape(n, strategy, B, S, _mean_length(records))
+
+
+@lru_cache(maxsize=256)
+def tile_shape(n: int, strategy, B: int, S: int, mean_len: float | None) -> tuple[int, int]:
+    """The byte sizing rule of the column layout (docs/planner.md, "Tiles").
+
+    A tile of T = m·g samples (m adjacent columns over g steps) is one contiguous run of
+    the file, locally shuffled, and one read. T starts at ``ceil(chunk_bytes /
+    mean_len)`` (capped at n); m is at most ``B // MIN_REGIONS`` so that a global batch
+    still draws from at least MIN_REGIONS places of the file; g = ceil(T / m) (at most S,
+    or ``strategy.chunk`` when given) and m = ceil(T / g). While the RL of tiles of m·g
+    samples (:func:`feedline.plan.rl.rl_grouped`, local shuffle) is under
+    ``rl_floor``, T doubles (RL is U-shaped in the group size; a tile of n is a full
+    shuffle). A pure function of (n, strategy, B, S, mean record length): world-size
+    independent, like the layout.
+    """
+    g0 = chunk_size(n, strategy)
+    if not strategy.chunk_bytes or mean_len is None or S < 1 or n <= 1:
+        return g0, 1
+    from .rl import rl_grouped
+
+    m_max = max(1, B // MIN_REGIONS)
+    T = max(1, min(int(np.ceil(strategy.chunk_bytes / max(mean_len, 1.0))), n))
+    while True:
+        g = strategy.chunk or -(-T // m_max)
+        g = max(1, min(g, S))
+        m = max(1, min(m_max, -(-T // g)))
+        size = min(m * g, n)
+        if (
+            strategy.rl_floor <= 0
+            or size >= n
+            or n <= T  # T cannot grow further
+            or rl_grouped(n, size, local_shuffle=True) >= strategy.rl_floor
+        ):
+            return g, m
+        T = min(2 * T, n)
+
+
+def _make(n: int, strategy, key, geo, records=None):
     if strategy.chunk_layout == "column" and geo is not None and geo.steps:
+        g, m = column_shape(n, strategy, geo, records)
+        if m > 1:
+            return TiledColumnStream(n, g, m, key, geo)
         return ColumnChunkStream(n, g, key, geo)
-    return ChunkStream(n, g, key)
+    return ChunkStream(n, chunk_size(n, strategy), key)
 
 
 ASSIGNMENT = register(

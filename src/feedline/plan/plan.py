@@ -320,7 +320,9 @@ def make_plan(
         first_step=0,
         memory_cap=cap,
         _geo=geo,
-        _stream=a.make_geo(n, strategy, key, geo) if a.make_geo else a.make(n, strategy, key),
+        _stream=a.make_geo(n, strategy, key, geo, records)
+        if a.make_geo
+        else a.make(n, strategy, key),
         _layout=a.layout(strategy),
     )
 

@@ -133,7 +133,8 @@ def window_steps(plan: Plan) -> int:
     if s.assignment == "chunk":
         from .assign_chunk import chunk_size
 
-        g = chunk_size(plan.n, s)
+        # the column layout's slot height (tiles of chunk_bytes may make it larger)
+        g = int(getattr(plan._stream, "g", 0)) or chunk_size(plan.n, s)
         if s.chunk_layout == "rank" and not s.coalesce_bytes:
             # the async-I/O paper's I/O thread reads one whole group per read (§III)
             per_rank = max(1, plan.batch_size // plan.world.size)

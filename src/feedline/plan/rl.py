@@ -100,8 +100,14 @@ def rl_memory(n: int, fraction: float, *, unit: int = 1, exact: bool = False) ->
     return _q_entropy(n, logp) / _h_fully(n)
 
 
-def rl_of_strategy(n: int, strategy) -> float:
-    """RL of an assignment's sampling process (what the planner's orders realise)."""
+def rl_of_strategy(n: int, strategy, *, tile: int | None = None) -> float:
+    """RL of an assignment's sampling process (what the planner's orders realise).
+
+    *tile*: for ``chunk`` with ``chunk_bytes``, the samples of one contiguous, locally
+    shuffled tile of the plan (its unit of shuffling); without it the model uses the
+    per-column group of :func:`~feedline.plan.assign_chunk.chunk_size`, which the record
+    lengths and the batch do not change.
+    """
     from .assign_chunk import chunk_size
     from .assign_memory import unit_size
     from .strategy import get_strategy
@@ -113,7 +119,7 @@ def rl_of_strategy(n: int, strategy) -> float:
     if a in ("strided", "skip", "contiguous"):
         return 0.0 if n > 1 else 1.0
     if a == "chunk":
-        return rl_grouped(n, chunk_size(n, s), local_shuffle=True)
+        return rl_grouped(n, tile or chunk_size(n, s), local_shuffle=True)
     if a == "memory":
         return rl_memory(n, s.memory_fraction, unit=unit_size(n, s))
     raise ConfigError(f"no RL model for assignment {a!r}")  # pragma: no cover
@@ -165,7 +171,7 @@ def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float
     from .strategy import Strategy
 
     if isinstance(x, Plan):
-        return rl_of_strategy(x.n, x.strategy)
+        return rl_of_strategy(x.n, x.strategy, tile=getattr(x._stream, "tile", None))
     if isinstance(x, (Strategy, str)):
         if n is None:
             raise ConfigError("randomization_level(strategy) needs n (the number of samples)")

@@ -41,6 +41,11 @@ class Strategy:
         sample per step per batch column (feedline). ``rank``: each rank owns a
         contiguous share of the shuffled groups, exactly the async-I/O paper's pattern
         (depends on the world size).
+    chunk_bytes : int
+        ``chunk`` with the ``column`` layout: m adjacent batch columns share one
+        contiguous, locally shuffled tile of at least this many bytes (by the records'
+        mean length), so that each read is about this large whatever the group size the
+        RL floor allows; 0: one group per column (docs/planner.md, "Tiles").
     region : {"rank", "node"}
         ``contiguous`` only: one region per rank (MPI-Caffe) or per node, consumed step by
         step by the node's ranks, so that a node's future steps are one contiguous run
@@ -86,6 +91,7 @@ class Strategy:
     assignment: Assignment = "strided"
     chunk: int = 0
     chunk_layout: ChunkLayout = "column"
+    chunk_bytes: int = 0
     region: Region = "rank"
     memory_fraction: float = 1.0
     readers_per_node: int | None = 0
@@ -119,7 +125,14 @@ class Strategy:
             raise ConfigError(
                 f"store must be off, ordered, opportunistic or auto, not {self.store!r}"
             )
-        for name in ("chunk", "coalesce_bytes", "coalesce_gap", "stagger", "prefetch_depth"):
+        for name in (
+            "chunk",
+            "chunk_bytes",
+            "coalesce_bytes",
+            "coalesce_gap",
+            "stagger",
+            "prefetch_depth",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.readers_per_node is not None and self.readers_per_node < 0:
@@ -227,6 +240,7 @@ PRESETS: dict[str, Strategy] = {
     "feedline": Strategy(
         assignment="chunk",
         chunk_layout="column",
+        chunk_bytes=4 * _MiB,
         readers_per_node=None,
         locate="index",
         read="odirect",

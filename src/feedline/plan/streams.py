@@ -34,11 +34,13 @@ class Assignment:
     make: Callable[[int, Strategy, np.uint64], Stream]
     layout: Callable[[Strategy], str]
     world_independent: Callable[[Strategy], bool]
-    #: optional: build the stream knowing the epoch geometry (steps, batch)
-    make_geo: Callable[[int, Strategy, np.uint64, Any], Stream] | None = None
+    #: optional: build the stream knowing the epoch geometry (steps, batch) and the
+    #: records (their mean length sizes the chunk layout's tiles)
+    make_geo: Callable[[int, Strategy, np.uint64, Any, Any], Stream] | None = None
 
 
 ASSIGNMENT_REGISTRY: dict[str, Assignment] = {}
+_LOADED = False
 
 
 def register(a: Assignment) -> Assignment:
@@ -59,7 +61,10 @@ def get_assignment(name: str) -> Assignment:
 
 
 def _load() -> None:
-    if ASSIGNMENT_REGISTRY:
+    # import every module once, whatever is registered already: importing one assign_*
+    # module directly (e.g. assign_chunk for its sizing rule) must not hide the others
+    global _LOADED
+    if _LOADED:
         return
     from . import (  # noqa: F401  (import registers)
         assign_chunk,
@@ -69,6 +74,8 @@ def _load() -> None:
         assign_skip,
         assign_strided,
     )
+
+    _LOADED = True
 
 
 class Identity:

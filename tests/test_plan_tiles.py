@@ -1,0 +1,112 @@
+"""The column layout's byte-sized tiles (``Strategy.chunk_bytes``, docs/planner.md "Tiles")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
+from feedline.plan.assign_chunk import (
+    MIN_REGIONS,
+    ColumnChunkStream,
+    TiledColumnStream,
+    tile_shape,
+)
+from feedline.plan.rl import randomization_level, rl_grouped
+
+MiB = 1 << 20
+
+
+def _ops(plan):
+    return [op for r in plan.readers for op in plan.reads(r)]
+
+
+def test_feedline_reads_are_megabytes_not_groups():
+    # the demo's shape: 20,000 x 3 KB records, B = 1024, 4 ranks on 2 nodes
+    rec = FlatRecords(20_000, 3072)
+    tiled = make_plan(rec, WorldSpec(4, 2), "feedline", 0, 0, 1024)
+    per_column = make_plan(
+        rec, WorldSpec(4, 2), get_strategy("feedline", chunk_bytes=0), 0, 0, 1024
+    )
+    assert isinstance(tiled._stream, TiledColumnStream)
+    assert isinstance(per_column._stream, ColumnChunkStream)
+    ops, old = _ops(tiled), _ops(per_column)
+    n_reads = sum(op.num_reads for op in ops)
+    assert n_reads <= 24  # was ~2,000 reads of ~16-64 KB groups
+    assert sum(op.num_reads for op in old) > 20 * n_reads
+    # on a flat file little is read for nothing (only the last step's tile shared by the
+    # two nodes is read by both), and the reads are MiB-sized on average
+    assert sum(op.payload for op in ops) == 20_000 * 3072
+    assert sum(op.nbytes for op in ops) <= 1.01 * 20_000 * 3072
+    assert sum(op.nbytes for op in ops) / n_reads >= 1 * MiB
+    # nearly every byte is read by reads of one or more whole tiles of 64 columns x 19
+    # steps (3.6 MiB: the region bound B // 16 stops m at 64; the short last step has
+    # tiles of 64 samples)
+    lens = [ln for op in ops for ln in op.lengths.tolist()]
+    big = [ln for ln in lens if ln > 2 * MiB]
+    assert len(big) >= 4 and min(big) >= 64 * 19 * 3072  # adjacent tiles merge
+    assert sum(big) >= 0.95 * sum(lens)
+
+
+@pytest.mark.parametrize(
+    "n, B, size",
+    [(20_000, 1024, 3072), (5_000, 64, 3000), (200_000, 256, 110_000), (50_000, 4096, 600)],
+)
+def test_tile_shape_meets_bytes_regions_and_rl_floor(n, B, size):
+    s = get_strategy("feedline")
+    S = -(-n // B)
+    g, m = tile_shape(n, s, B, S, float(size))
+    tile = m * min(g, S)
+    assert 1 <= g <= S and 1 <= m <= max(1, B // MIN_REGIONS)
+    # bytes: a tile reaches chunk_bytes unless the batch's region bound or n stops it
+    assert tile * size >= s.chunk_bytes or m == max(1, B // MIN_REGIONS) or tile >= n
+    assert rl_grouped(n, tile, local_shuffle=True) >= s.rl_floor
+    plan = make_plan(FlatRecords(n, size), WorldSpec(8, 2), s, 0, 0, B)
+    assert randomization_level(plan) >= s.rl_floor
+
+
+def test_rl_floor_grows_the_tile():
+    # 110 KB records: 4 MiB is 39 samples, whose chunk-shuffle RL is under 0.9 at this n
+    n, B, size = 20_000, 256, 110_000
+    assert rl_grouped(n, 39, local_shuffle=True) < 0.9
+    g, m = tile_shape(n, get_strategy("feedline"), B, -(-n // B), float(size))
+    assert m * g >= 2 * 39 and rl_grouped(n, m * g, local_shuffle=True) >= 0.9
+
+
+def test_count_only_plans_keep_per_column_groups():
+    plan = make_plan(20_000, WorldSpec(4, 2), "feedline", 0, 0, 1024)
+    assert isinstance(plan._stream, ColumnChunkStream)
+
+
+@given(
+    n=st.integers(1, 3000),
+    B=st.integers(1, 300),
+    size=st.integers(1, 200_000),
+    P=st.integers(1, 16),
+    P2=st.integers(1, 16),
+    mode=st.sampled_from(["exact", "drop", "circular"]),
+    seed=st.integers(0, 2**32),
+    data=st.data(),
+)
+@settings(max_examples=60, deadline=None)
+def test_tiles_are_exactly_once_world_independent_and_resumable(
+    n, B, size, P, P2, mode, seed, data
+):
+    s = get_strategy("feedline", chunk_bytes=data.draw(st.sampled_from([1, 4096, 4 * MiB])))
+    s = s.replace(circular=mode == "circular")
+    rec = FlatRecords(n, size)
+    drop = mode == "drop"
+    plan = make_plan(rec, WorldSpec(P, min(P, 2)), s, seed, 1, B, drop)
+    order = plan.order()
+    if mode == "circular":
+        assert sorted(set(order.tolist())) == list(range(n))
+    else:
+        assert len(set(order.tolist())) == len(order) == (plan.num_steps * B if drop else n)
+    other = make_plan(rec, WorldSpec(P2, 1), s, seed, 1, B, drop)
+    assert np.array_equal(other.order(), order)
+    step = data.draw(st.integers(0, plan.num_steps))
+    new = plan.resume(step, WorldSpec(P2, 1))
+    rest = [i for t in range(step, new.num_steps) for r in range(P2) for i in new.samples(r, t)]
+    assert rest == plan.samples_after(step).tolist()
