@@ -18,6 +18,13 @@ with one whole group, so windows of a multiple of g steps read whole groups and 
 fraction of one. Full slots take the N // g... full groups in a keyed order; each
 column's short last slot (sizes (S-1) mod g or S mod g, at most two kinds) takes one of
 the short groups cut from the end of the file.
+
+With ``chunk_bytes`` (the feedline preset) the column layout reads *tiles* instead:
+a group per column is only g samples, too small a read (the RL floor picks g <= 64,
+often 4: 12-200 KB), so m = B / MIN_REGIONS adjacent columns share one contiguous,
+locally shuffled tile of m·g samples sized by bytes (:func:`tile_shape`,
+:class:`TiledColumnStream`). Adjacent columns belong to the same rank and node, so a
+tile is one read of MiBs; a global batch then mixes MIN_REGIONS places instead of B.
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ from ._perm import derive_key, permute, subkeys
 from .streams import Assignment, GroupSlots, register
 
 DEFAULT_CHUNK = 64
-#: With ``chunk_bytes``, a tile spans at most B // MIN_REGIONS batch columns, so that a
-#: global batch draws from at least this many places of the file.
+#: With ``chunk_bytes``, the B batch columns are cut into this many blocks (of about
+#: B // MIN_REGIONS columns), so that a global batch draws from this many places.
 MIN_REGIONS = 16
 
 
@@ -123,23 +130,26 @@ class TiledColumnStream:
 
     Steps are cut into K = ceil(S/g) rows of g steps; the last row is ragged (long
     columns have hL = S - (K-1)·g steps in it, short ones hL - 1). Columns are cut into
-    nb = ceil(B/m) blocks of q or q+1 adjacent columns (the first r = B mod nb blocks are
-    the wider ones). Tile (row k, block b) is one contiguous run of the file whose cells
-    are numbered row-major (step, then column) and locally permuted. The file holds the
-    full rows' wide tiles, then their narrow tiles (each kind in a keyed order), then the
-    last row's nb tiles (keyed order, sizes vary). Like :class:`ColumnChunkStream`,
-    ``take`` expects column-layout base positions and returns ids modulo N.
+    nb blocks of q or q+1 adjacent columns (the first r = B mod nb blocks are the wider
+    ones). Tile (row k, block b) is one contiguous run of the file whose cells
+    are numbered row-major (step, then column) and locally permuted. A short last step
+    (L < B) is a row of its own: the layout splits it among the ranks by its own length
+    L, so its cells would otherwise be scattered through other ranks' tiles. The file
+    holds the full rows' wide tiles, then their narrow tiles (each kind in a keyed
+    order), then the last row's nb tiles and the last step's nb tiles (each in a keyed
+    order, sizes vary). Like :class:`ColumnChunkStream`, ``take`` expects column-layout
+    base positions and returns ids modulo N.
     """
 
     wraps = True
 
-    def __init__(self, n: int, g: int, m: int, key: np.uint64, geo) -> None:
-        self.n, self.g, self.m, self.key = n, g, m, key
+    def __init__(self, n: int, g: int, nb: int, key: np.uint64, geo) -> None:
+        self.n, self.g, self.nb, self.key = n, g, nb, key
         S, B, L = geo.steps, geo.B, geo.last
         self.S, self.B, self.L = S, B, L
         self.total = geo.total
         self.K = -(-S // g) if S else 0
-        self.nb = nb = -(-B // m)
+        self.m = -(-B // nb)  # widest block
         self.q, self.r = q, r = divmod(B, nb)
         self.R = R = max(self.K - 1, 0)  # full rows
         self.hL = S - R * g
@@ -225,12 +235,12 @@ def _mean_length(records) -> float | None:
 
 
 def column_shape(n: int, strategy, geo, records=None) -> tuple[int, int]:
-    """``(g, m)`` of the column layout: slot height g (steps) and tile width m (columns).
+    """``(g, nb)`` of the column layout: slot height g (steps), tiles per row nb.
 
     Without ``strategy.chunk_bytes`` (or without record lengths) this is
-    ``(chunk_size(n, strategy), 1)``: one group of g samples per column slot. With it, m
-    adjacent batch columns share one contiguous tile of m·g samples, sized so that a tile
-    holds at least ``chunk_bytes`` (see :func:`tile_shape`).
+    ``(chunk_size(n, strategy), B)``: one group of g samples per column slot. With it, the
+    B batch columns are cut into nb < B blocks of adjacent columns and each block's g
+    steps are one contiguous tile (see :func:`tile_shape`).
     """
     S = int(geo.steps) if geo is not None else 0
     B = int(geo.B) if geo is not None else 1
@@ -239,45 +249,44 @@ def column_shape(n: int, strategy, geo, records=None) -> tuple[int, int]:
 
 @lru_cache(maxsize=256)
 def tile_shape(n: int, strategy, B: int, S: int, mean_len: float | None) -> tuple[int, int]:
-    """The byte sizing rule of the column layout (docs/planner.md, "Tiles").
+    """The byte sizing rule of the column layout (docs/planner.md, "Tiles"): ``(g, nb)``.
 
-    A tile of T = m·g samples (m adjacent columns over g steps) is one contiguous run of
-    the file, locally shuffled, and one read. T starts at ``ceil(chunk_bytes /
-    mean_len)`` (capped at n); m is at most ``B // MIN_REGIONS`` so that a global batch
-    still draws from at least MIN_REGIONS places of the file; g = ceil(T / m) (at most S,
-    or ``strategy.chunk`` when given) and m = ceil(T / g). While the RL of tiles of m·g
-    samples (:func:`feedline.plan.rl.rl_grouped`, local shuffle) is under
-    ``rl_floor``, T doubles (RL is U-shaped in the group size; a tile of n is a full
-    shuffle). A pure function of (n, strategy, B, S, mean record length): world-size
-    independent, like the layout.
+    The B columns of the global batch are cut into nb = min(MIN_REGIONS, B) blocks of
+    m = ceil(B / nb) adjacent columns (so a global batch draws from nb places of the file,
+    and with B and the node count powers of two a block never straddles two nodes). A
+    tile is one block over g steps: m·g samples, one contiguous run of the file, locally
+    shuffled, one read. g = ceil(T / m) (at most S; ``strategy.chunk`` when given) for a
+    tile of T = ceil(chunk_bytes / mean_len) samples; while the RL of the tile
+    (:func:`feedline.plan.rl.rl_grouped`, local shuffle) is under ``rl_floor``, T doubles
+    (RL is U-shaped in the group size; a tile of n is a full shuffle). A pure function of
+    (n, strategy, B, S, mean record length): world-size independent, like the layout.
     """
-    g0 = chunk_size(n, strategy)
-    if not strategy.chunk_bytes or mean_len is None or S < 1 or n <= 1:
-        return g0, 1
+    if not strategy.chunk_bytes or mean_len is None or S < 1 or n <= 1 or B <= 1:
+        return chunk_size(n, strategy), B
     from .rl import rl_grouped
 
-    m_max = max(1, B // MIN_REGIONS)
+    nb = min(MIN_REGIONS, B)
+    m = -(-B // nb)
     T = max(1, min(int(np.ceil(strategy.chunk_bytes / max(mean_len, 1.0))), n))
     while True:
-        g = strategy.chunk or -(-T // m_max)
-        g = max(1, min(g, S))
-        m = max(1, min(m_max, -(-T // g)))
+        g = max(1, min(strategy.chunk or -(-T // m), S))
         size = min(m * g, n)
         if (
             strategy.rl_floor <= 0
+            or strategy.chunk
             or size >= n
-            or n <= T  # T cannot grow further
+            or g >= S
             or rl_grouped(n, size, local_shuffle=True) >= strategy.rl_floor
         ):
-            return g, m
-        T = min(2 * T, n)
+            return g, nb
+        T = 2 * T
 
 
 def _make(n: int, strategy, key, geo, records=None):
     if strategy.chunk_layout == "column" and geo is not None and geo.steps:
-        g, m = column_shape(n, strategy, geo, records)
-        if m > 1:
-            return TiledColumnStream(n, g, m, key, geo)
+        g, nb = column_shape(n, strategy, geo, records)
+        if nb < geo.B:
+            return TiledColumnStream(n, g, nb, key, geo)
         return ColumnChunkStream(n, g, key, geo)
     return ChunkStream(n, chunk_size(n, strategy), key)
 

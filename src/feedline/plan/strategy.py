@@ -240,7 +240,7 @@ PRESETS: dict[str, Strategy] = {
     "feedline": Strategy(
         assignment="chunk",
         chunk_layout="column",
-        chunk_bytes=4 * _MiB,
+        chunk_bytes=2 * _MiB,
         readers_per_node=None,
         locate="index",
         read="odirect",
