@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
 from feedline.plan.assign_chunk import (
     MIN_REGIONS,
+    NODE_COLUMNS,
+    SUBTILE_COLUMNS,
     ColumnChunkStream,
     TiledColumnStream,
     tile_shape,
@@ -43,12 +45,28 @@ def test_feedline_reads_are_megabytes_not_groups():
     assert sum(op.nbytes for op in old) > 2 * 20_000 * 3072
     # nearly every byte comes in reads of one or more whole tiles: 16 tiles per row of
     # 64 columns x 11 steps (2 MiB), the last row 64 x 8 (+ the short last step's own
-    # tiles of 64 samples)
+    # row of 64-sample tiles)
     lens = [ln for op in ops for ln in op.lengths.tolist()]
     big = [ln for ln in lens if ln > 1 * MiB]
     assert min(big) >= 64 * 8 * 3072
     assert sum(big) >= 0.95 * sum(lens)
     assert sum(lens) / n_reads >= 1 * MiB
+
+
+def test_a_node_reads_its_share_of_a_wide_tile_once():
+    # 72 columns per node, blocks of 144 columns: every tile spans two nodes, and each
+    # node's columns of it are whole sub-tiles, one run of the file: nothing read twice
+    rec = FlatRecords(50_000, 3072)
+    tiled = make_plan(rec, WorldSpec(256, 32), "feedline", 0, 0, 2304)
+    per_column = make_plan(
+        rec, WorldSpec(256, 32), get_strategy("feedline", chunk_bytes=0), 0, 0, 2304
+    )
+    assert isinstance(tiled._stream, TiledColumnStream) and tiled._stream.m == 144
+    ops = _ops(tiled)
+    assert sum(op.nbytes for op in ops) == sum(op.payload for op in ops) == 50_000 * 3072
+    # per node and row of tiles: ~2 reads of 72 columns x 11 steps (2.4 MB)
+    assert sum(op.num_reads for op in ops) <= 4 * 32 * 2
+    assert sum(op.num_reads for op in _ops(per_column)) > 20 * sum(op.num_reads for op in ops)
 
 
 @pytest.mark.parametrize(
@@ -60,27 +78,29 @@ def test_tile_shape_meets_bytes_regions_and_rl_floor(n, B, size):
     S = -(-n // B)
     g, nb = tile_shape(n, s, B, S, float(size))
     m = -(-B // nb)
-    tile = m * min(g, S)
     assert 1 <= g <= S and nb == min(MIN_REGIONS, B)
-    # bytes: a tile reaches chunk_bytes unless the epoch is too short (g = S)
-    assert tile * size >= s.chunk_bytes or g == S
-    assert rl_grouped(n, tile, local_shuffle=True) >= s.rl_floor
+    # bytes: a node's share of a tile (NODE_COLUMNS columns or the whole block) reaches
+    # chunk_bytes unless the epoch is too short (g = S)
+    assert min(m, NODE_COLUMNS) * g * size >= s.chunk_bytes or g == S
+    # RL of the unit of local shuffling, the sub-tile
+    sub = min(m, SUBTILE_COLUMNS) * min(g, S)
+    assert rl_grouped(n, sub, local_shuffle=True) >= s.rl_floor
     plan = make_plan(FlatRecords(n, size), WorldSpec(8, 2), s, 0, 0, B)
+    assert plan._stream.tile == sub
     assert randomization_level(plan) >= s.rl_floor
-    # a node's tiles are its own: with B and the node count powers of two, no block of
-    # columns straddles two nodes, so nothing is read twice
+    # a node's tiles are read once: its columns are whole sub-tiles
     ops = _ops(plan)
-    assert sum(op.nbytes for op in ops) <= 1.01 * sum(op.payload for op in ops) or B % 16
+    assert sum(op.nbytes for op in ops) <= 1.01 * sum(op.payload for op in ops)
 
 
 def test_rl_floor_grows_the_tile():
-    # 110 KB records: 2 MiB is 20 samples; tiles of 16 columns x 2 steps have an RL
+    # 110 KB records: 2 MiB is 20 samples; sub-tiles of 8 columns x 2 steps have an RL
     # under 0.9 at this n, so T doubles until the floor is met
     n, B, size = 20_000, 256, 110_000
-    assert rl_grouped(n, 32, local_shuffle=True) < 0.9
+    assert rl_grouped(n, 16, local_shuffle=True) < 0.9
     g, nb = tile_shape(n, get_strategy("feedline"), B, -(-n // B), float(size))
-    tile = -(-B // nb) * g
-    assert tile > 32 and rl_grouped(n, tile, local_shuffle=True) >= 0.9
+    sub = min(-(-B // nb), SUBTILE_COLUMNS) * g
+    assert sub > 16 and rl_grouped(n, sub, local_shuffle=True) >= 0.9
 
 
 def test_count_only_plans_keep_per_column_groups():

@@ -40,6 +40,14 @@ DEFAULT_CHUNK = 64
 #: With ``chunk_bytes``, the B batch columns are cut into this many blocks (of about
 #: B // MIN_REGIONS columns), so that a global batch draws from this many places.
 MIN_REGIONS = 16
+#: A tile is made of sub-tiles of this many adjacent columns, each shuffled locally and
+#: laid out in column order, so that any run of columns (a node's share) is one run of
+#: the file. A sub-tile straddling two nodes is read by both: 8 divides the per-node
+#: columns of most jobs (B / M with power-of-two sub-batches), which the order cannot know.
+SUBTILE_COLUMNS = 8
+#: g is sized so that this many adjacent columns (a node's share of a block, at least,
+#: in most jobs) over g steps reach ``chunk_bytes``.
+NODE_COLUMNS = 64
 
 
 class ChunkStream:
@@ -143,8 +151,8 @@ class TiledColumnStream:
 
     wraps = True
 
-    def __init__(self, n: int, g: int, nb: int, key: np.uint64, geo) -> None:
-        self.n, self.g, self.nb, self.key = n, g, nb, key
+    def __init__(self, n: int, g: int, nb: int, key: np.uint64, geo, c: int = 8) -> None:
+        self.n, self.g, self.nb, self.key, self.c = n, g, nb, key, max(1, c)
         S, B, L = geo.steps, geo.B, geo.last
         self.S, self.B, self.L = S, B, L
         self.total = geo.total
@@ -185,41 +193,42 @@ class TiledColumnStream:
 
     @property
     def tile(self) -> int:
-        """Samples of a full tile (m·g, or m·S when one row covers the epoch)."""
-        return self.m * min(self.g, max(self.S, 1))
+        """Samples of a full sub-tile, the unit of local shuffling (min(c, m)·min(g, S))."""
+        return min(self.c, self.m) * min(self.g, max(self.S, 1))
 
     def take(self, pos: np.ndarray) -> np.ndarray:
         pos = np.asarray(pos, dtype=np.int64)
-        S, L, g, q, r, nb = self.S, self.L, self.g, self.q, self.r, self.nb
+        S, L, g, q, r, nb, cs = self.S, self.L, self.g, self.q, self.r, self.nb, self.c
         long_ = pos < L * S
         c = np.where(long_, pos // max(S, 1), L + (pos - L * S) // max(S - 1, 1))
         t = np.where(long_, pos - c * S, pos - L * S - (c - L) * (S - 1))
         k, u = np.divmod(t, g)
         wide = c < r * (q + 1)
         b = np.where(wide, c // (q + 1), r + (c - r * (q + 1)) // q)
-        local = u * (q + wide) + (c - (b * q + np.minimum(b, r)))
-        out = np.empty_like(pos)
+        j = c - (b * q + np.minimum(b, r))  # column inside the block
+        w = q + wide  # columns of the tile's row
+        start = np.empty_like(pos)  # file start of the tile
+        h = np.full_like(pos, g)  # its height in steps
         full = k < self.R
         sel = full & wide
         if sel.any():
-            size = (q + 1) * g
-            start = permute(k[sel] * r + b[sel], self.R * r, self.k_a) * size
-            out[sel] = start + permute(local[sel], size, subkeys(self.inner, start))
+            start[sel] = permute(k[sel] * r + b[sel], self.R * r, self.k_a) * ((q + 1) * g)
         sel = full & ~wide
         if sel.any():
-            size = q * g
             i = k[sel] * (nb - r) + (b[sel] - r)
-            start = self.base_b + permute(i, self.R * (nb - r), self.k_b) * size
-            out[sel] = start + permute(local[sel], size, subkeys(self.inner, start))
+            start[sel] = self.base_b + permute(i, self.R * (nb - r), self.k_b) * (q * g)
         final = (t == S - 1) & self.split
-        for sel, starts, sizes in (
-            (~full & ~final, self.start_c, self.size_c),
-            (final, self.start_d, self.size_d),
-        ):
-            if sel.any():
-                start, size = starts[b[sel]], sizes[b[sel]]
-                loc = local[sel] if sizes is self.size_c else (c - (b * q + np.minimum(b, r)))[sel]
-                out[sel] = start + permute(loc, size, subkeys(self.inner, start))
+        sel = ~full & ~final
+        start[sel], h[sel] = self.start_c[b[sel]], self.h_last
+        start[final], h[final], u[final] = self.start_d[b[final]], 1, 0
+        w[final] = self.size_d[b[final]]  # the long columns of the block
+        # sub-tiles of cs adjacent columns, in column order: any run of columns is one
+        # run of the file; each sub-tile is shuffled locally
+        sub = j // cs
+        width = np.minimum(cs, w - sub * cs)
+        first = start + sub * cs * h
+        local = u * width + (j - sub * cs)
+        out = first + permute(local, width * h, subkeys(self.inner, first))
         return out % self.n if self.n else out
 
 
@@ -252,14 +261,16 @@ def tile_shape(n: int, strategy, B: int, S: int, mean_len: float | None) -> tupl
     """The byte sizing rule of the column layout (docs/planner.md, "Tiles"): ``(g, nb)``.
 
     The B columns of the global batch are cut into nb = min(MIN_REGIONS, B) blocks of
-    m = ceil(B / nb) adjacent columns (so a global batch draws from nb places of the file,
-    and with B and the node count powers of two a block never straddles two nodes). A
-    tile is one block over g steps: m·g samples, one contiguous run of the file, locally
-    shuffled, one read. g = ceil(T / m) (at most S; ``strategy.chunk`` when given) for a
-    tile of T = ceil(chunk_bytes / mean_len) samples; while the RL of the tile
-    (:func:`feedline.plan.rl.rl_grouped`, local shuffle) is under ``rl_floor``, T doubles
-    (RL is U-shaped in the group size; a tile of n is a full shuffle). A pure function of
-    (n, strategy, B, S, mean record length): world-size independent, like the layout.
+    m = ceil(B / nb) adjacent columns: a global batch draws from nb places of the file.
+    A tile is one block over g steps, m·g samples in one contiguous run of the file,
+    made of sub-tiles of SUBTILE_COLUMNS columns in column order, each locally shuffled
+    (so a node's columns of a block are one read). g = ceil(T / min(m, NODE_COLUMNS))
+    with T = ceil(chunk_bytes / mean_len): a node holding NODE_COLUMNS columns of a
+    block reads at least ``chunk_bytes`` at once. At most S; ``strategy.chunk`` when
+    given. While the RL of a sub-tile (:func:`feedline.plan.rl.rl_grouped`, local
+    shuffle) is under ``rl_floor``, T doubles (RL is U-shaped in the group size). A pure
+    function of (n, strategy, B, S, mean record length): world-size independent, like
+    the layout.
     """
     if not strategy.chunk_bytes or mean_len is None or S < 1 or n <= 1 or B <= 1:
         return chunk_size(n, strategy), B
@@ -269,8 +280,8 @@ def tile_shape(n: int, strategy, B: int, S: int, mean_len: float | None) -> tupl
     m = -(-B // nb)
     T = max(1, min(int(np.ceil(strategy.chunk_bytes / max(mean_len, 1.0))), n))
     while True:
-        g = max(1, min(strategy.chunk or -(-T // m), S))
-        size = min(m * g, n)
+        g = max(1, min(strategy.chunk or -(-T // min(m, NODE_COLUMNS)), S))
+        size = min(min(m, SUBTILE_COLUMNS) * g, n)
         if (
             strategy.rl_floor <= 0
             or strategy.chunk
@@ -286,7 +297,7 @@ def _make(n: int, strategy, key, geo, records=None):
     if strategy.chunk_layout == "column" and geo is not None and geo.steps:
         g, nb = column_shape(n, strategy, geo, records)
         if nb < geo.B:
-            return TiledColumnStream(n, g, nb, key, geo)
+            return TiledColumnStream(n, g, nb, key, geo, SUBTILE_COLUMNS)
         return ColumnChunkStream(n, g, key, geo)
     return ChunkStream(n, chunk_size(n, strategy), key)
 
