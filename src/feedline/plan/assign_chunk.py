@@ -173,6 +173,10 @@ class TiledColumnStream:
         self.k_a = derive_key(int(key), 0x54494C4541)  # "TILEA"
         self.k_b = derive_key(int(key), 0x54494C4542)
         self.inner = derive_key(int(key), 0x43484E4B)
+        # file starts of the full rows' tiles (R·nb of them: a small table)
+        na, nn = R * r, R * (nb - r)
+        self.start_a = permute(np.arange(na, dtype=np.int64), na, self.k_a) * ((q + 1) * g)
+        self.start_b = self.base_b + permute(np.arange(nn, dtype=np.int64), nn, self.k_b) * (q * g)
         base = self.base_c
         self.size_c, self.start_c, base = self._row(w * self.h_last, base, 0x54494C4543)
         size_d = np.clip(L - first, 0, w) if self.split else np.zeros(nb, dtype=np.int64)
@@ -211,12 +215,9 @@ class TiledColumnStream:
         h = np.full_like(pos, g)  # its height in steps
         full = k < self.R
         sel = full & wide
-        if sel.any():
-            start[sel] = permute(k[sel] * r + b[sel], self.R * r, self.k_a) * ((q + 1) * g)
+        start[sel] = self.start_a[k[sel] * r + b[sel]]
         sel = full & ~wide
-        if sel.any():
-            i = k[sel] * (nb - r) + (b[sel] - r)
-            start[sel] = self.base_b + permute(i, self.R * (nb - r), self.k_b) * (q * g)
+        start[sel] = self.start_b[k[sel] * (nb - r) + (b[sel] - r)]
         final = (t == S - 1) & self.split
         sel = ~full & ~final
         start[sel], h[sel] = self.start_c[b[sel]], self.h_last
