@@ -30,6 +30,7 @@ from feedline.bench.runners import (
 )
 from feedline.bench.worker import execute
 from feedline.errors import ConfigError
+from feedline.plan import FlatRecords
 
 REC = 96
 
@@ -42,7 +43,8 @@ def _expected_digest(path: str, record: int, batch: int, ranks: int, kind: str =
     deliveries = []
     for r in range(ranks):
         steps = []
-        for s, ids in enumerate(assignment(kind, n, batch, r, ranks)):
+        # the records (not just n): feedline's tiles are sized by the record length
+        for s, ids in enumerate(assignment(kind, FlatRecords(n, record), batch, r, ranks)):
             raw = b"".join(data[i * record : (i + 1) * record] for i in ids)
             steps.append((s, ids, [record] * len(ids), raw))
         deliveries.append(steps)

@@ -169,7 +169,7 @@ def split(m: int, parts: int, i: int) -> tuple[int, int]:
 
 def assignment(
     kind: str,
-    n: int,
+    n: Any,
     batch_size: int,
     rank: int,
     size: int,
@@ -183,8 +183,10 @@ def assignment(
 
     *kind* is any preset or assignment name of the planner (``contiguous``, ``strided``,
     ``skip``, ``global``, ``lmdb``, ``tf``, ...), so a peer delivers exactly the order
-    the corresponding Loader preset delivers. *steps* (None: one epoch) is capped at one
-    epoch.
+    the corresponding Loader preset delivers. *n* is a sample count or the dataset's
+    index (or any records :func:`~feedline.plan.make_plan` takes): ``feedline``'s tiles
+    are sized by the mean record length, so only the index gives its exact order.
+    *steps* (None: one epoch) is capped at one epoch.
     """
     from ..plan import make_plan
 
@@ -218,7 +220,7 @@ class RunContext:
 
     def my_steps(self, n: int | None = None, epoch: int = 0) -> list[np.ndarray]:
         """This rank's sample ids per step of *epoch* under the peers' assignment."""
-        n = len(self.source.index) if n is None else n
+        n = self.source.index if n is None else n  # the index: record lengths size tiles
         return assignment(
             self.assignment,
             n,

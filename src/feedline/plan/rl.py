@@ -103,10 +103,10 @@ def rl_memory(n: int, fraction: float, *, unit: int = 1, exact: bool = False) ->
 def rl_of_strategy(n: int, strategy, *, tile: int | None = None) -> float:
     """RL of an assignment's sampling process (what the planner's orders realise).
 
-    *tile*: for ``chunk`` with ``chunk_bytes``, the samples of one contiguous, locally
-    shuffled tile of the plan (its unit of shuffling); without it the model uses the
-    per-column group of :func:`~feedline.plan.assign_chunk.chunk_size`, which the record
-    lengths and the batch do not change.
+    *tile*: for ``chunk`` with ``chunk_bytes``, the samples of the plan's unit of local
+    shuffling (a sub-tile, ``TiledColumnStream.tile``); without it the model uses the
+    per-column group of :func:`~feedline.plan.assign_chunk.chunk_size` (a strategy
+    alone knows neither the batch nor the record lengths that size the tiles).
     """
     from .assign_chunk import chunk_size
     from .assign_memory import unit_size

@@ -42,10 +42,12 @@ class Strategy:
         contiguous share of the shuffled groups, exactly the async-I/O paper's pattern
         (depends on the world size).
     chunk_bytes : int
-        ``chunk`` with the ``column`` layout: m adjacent batch columns share one
-        contiguous, locally shuffled tile of at least this many bytes (by the records'
-        mean length), so that each read is about this large whatever the group size the
-        RL floor allows; 0: one group per column (docs/planner.md, "Tiles").
+        ``chunk`` with the ``column`` layout: adjacent batch columns share contiguous
+        tiles (sub-tiles of 8 columns, each shuffled locally), with g sized so that a
+        node's share of a tile is about this many bytes (by the records' mean length):
+        reads of this size whatever the group size the RL floor allows. 0: one group per
+        column. Needs record lengths (ignored for plans of a bare count). See
+        docs/planner.md, "Tiles".
     region : {"rank", "node"}
         ``contiguous`` only: one region per rank (MPI-Caffe) or per node, consumed step by
         step by the node's ranks, so that a node's future steps are one contiguous run
