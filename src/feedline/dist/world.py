@@ -65,19 +65,63 @@ class NodeArray:
     ----------
     array : numpy.ndarray
         The same memory on every rank of the node. Synchronise writers and readers with
-        :meth:`World.node_barrier`.
+        :meth:`World.node_barrier`, or with flags in the array itself: :meth:`lock_all`
+        once, then :meth:`sync` (a memory barrier, ``MPI_Win_sync``) after writing data
+        and before publishing a flag, and after reading a flag before reading data;
+        :meth:`compare_and_swap` is an atomic operation on one int64 word.
     """
 
-    def __init__(self, array: np.ndarray, win: Any = None) -> None:
+    def __init__(self, array: np.ndarray, win: Any = None, owner: int = 0) -> None:
         self.array = array
         self._win = win
+        self._owner = owner
+        self._locked = False
+        self._disp = array.dtype.itemsize  # the window's displacement unit
+
+    def lock_all(self) -> None:
+        """Open a passive-target epoch on every rank (needed by :meth:`sync` and atomics)."""
+        if self._win is not None and not self._locked:
+            self._win.Lock_all(_mpi().MODE_NOCHECK)
+            self._locked = True
+
+    def sync(self) -> None:
+        """Memory barrier between this rank's and the node's loads and stores."""
+        if self._win is not None and self._locked:
+            self._win.Sync()
+
+    def compare_and_swap(self, byte_offset: int, compare: int, value: int) -> int:
+        """Atomically: if the int64 at *byte_offset* equals *compare*, store *value*.
+
+        Returns the previous value. Needs :meth:`lock_all` first.
+        """
+        if self._win is None:
+            old = int(self.array.view(np.uint8)[byte_offset : byte_offset + 8].view(np.int64)[0])
+            if old == compare:
+                self.array.view(np.uint8)[byte_offset : byte_offset + 8].view(np.int64)[0] = value
+            return old
+        o = np.array([value], dtype=np.int64)
+        c = np.array([compare], dtype=np.int64)
+        r = np.zeros(1, dtype=np.int64)
+        self._win.Compare_and_swap(o, c, r, self._owner, byte_offset // self._disp)
+        self._win.Flush(self._owner)
+        return int(r[0])
 
     def free(self) -> None:
         """Release the window (collective over the node)."""
         if self._win is not None:
             self.array = np.zeros(0, dtype=self.array.dtype)
+            if self._locked:
+                self._win.Unlock_all()
+                self._locked = False
             self._win.Free()
             self._win = None
+
+    def abandon(self) -> None:
+        """Drop this rank's handle without the collective free (the memory stays
+        allocated until the process exits): for when the node's other ranks will not
+        free the window with this one."""
+        self.array = np.zeros(0, dtype=self.array.dtype)
+        self._win = None
 
     def __enter__(self) -> NodeArray:
         return self
@@ -346,7 +390,7 @@ class World:
         win = MPI.Win.Allocate_shared(max(mine, 0), dtype.itemsize, comm=self.node_comm)
         buf, _ = win.Shared_query(owner)
         arr = np.frombuffer(buf, dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
-        return NodeArray(arr, win)
+        return NodeArray(arr, win, owner)
 
     # ----------------------------------------------------------------- tokens
     def token(self, info) -> Token:

@@ -3,25 +3,55 @@
 LMDBIO's LMM pattern without mmap: the plan (``feedline.plan.reads``) gives each of a
 node's k reader ranks one coalesced read operation per window of w steps covering the
 node's samples. The readers read into one half of a double-buffered window allocated
-with ``Win.Allocate_shared`` (``World.node_array``); every rank of the node then copies
-its own sub-batch out, in delivery order. At the start of each window the node meets
-once (a polled allgather that also carries failures, so an I/O error on a reader is
-raised on every rank of the node instead of leaving them waiting): window r is then
-complete, and the half that held window r-1 is free, so the readers start reading
-window r+1 into it while the ranks consume window r. Fewer, larger reads per node and
-a single copy per sample, for one node-wide synchronisation per window. All ranks of a
-node must iterate in lockstep (as data-parallel training does).
+with ``Win.Allocate_shared`` (``World.node_array``, once per Loader); every rank of the
+node then copies its own sub-batch out, in delivery order. Fewer, larger reads per node
+and a single copy per sample.
+
+*Protocol* (no collective per window). A small control block at the start of the
+window holds, per rank of the node, one int64 word ``pos`` = (pass, windows released)
+and, per reader, ``ready`` = (pass, windows complete) and ``fail`` = (pass, failed
+window) with the pickled exception next to it. Passes are numbered per rank (every
+``start``); a rank entering window r publishes "released r-1"; a reader reads window
+r+1 into the half of window r-1 once every rank of the node has released r-1 (or left
+the pass), and publishes "complete" after its read; a rank waits (polling, with
+``MPI_Win_sync`` barriers) until every reader has completed its window. So:
+
+- an I/O error on a reader is published with its window and raised, typed, on every
+  rank of the node when it reaches that window (in step order, never a hang);
+- a rank that leaves a pass early (``break``, an exception, ``close``) publishes that it
+  released everything: the others go on. A *reader* that leaves keeps reading its share
+  for the others on a background thread until every rank of the node has finished or
+  left that pass; when its Loader is closed it waits for them while they make
+  progress, and gives up after ``STALL_S`` seconds without progress of any rank of the
+  node, publishing :class:`NodePeerLeft` as the failure of the windows it did not read;
+  a rank waiting for a reader that closed its Loader raises :class:`NodePeerLeft`;
+- a rank whose pass does not match (another epoch or step at the same pass number:
+  the node's ranks iterated different numbers of passes) raises
+  :class:`NodeOutOfStepError` instead of delivering another pass's data.
+
+The window is allocated at the first pass (collective: every rank of the node must
+start iterating once) and freed at ``close`` when every rank of the node closes within
+``CLOSE_GRACE_S`` of the others (``MPI_Win_free`` is collective); otherwise it is left
+allocated until the process exits, so that a rank that closes early, or fails and
+exits, never waits for peers that may not come. All ranks of a node should still
+iterate the same epochs and steps, as data-parallel training does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import pickle
+import threading
+import time
 from typing import Any
 
 import numpy as np
 
+from .. import defaults
+from ..errors import FeedlineError
 from .reader import ExtentReader, ReadList, gather
-from .source import RawBatch, Source, SourceContext, register_source
+from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
 
 
 def window_layout(plan, ops, steps: range, rank: int, first_rank: int) -> dict:
@@ -61,11 +91,50 @@ def window_layout(plan, ops, steps: range, rank: int, first_rank: int) -> dict:
     }
 
 
-class _Failed:
-    """A picklable marker of a reader's failure, carried to the node's other ranks."""
+#: seconds a closing reader keeps serving peers that make no progress before it gives up
+STALL_S = 10.0
+#: seconds a closing rank waits for the node's other ranks to close (collective free)
+CLOSE_GRACE_S = 5.0
 
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+_C = 1 << 32  # pos/ready/fail words: pass * _C + count
+_DEPARTED = _C - 1  # count meaning "released every window of the pass"
+_CLOSED = (1 << 62) - 1  # pos of a rank whose Loader is closed
+_LEAK = -1  # close counter: some rank gave up freeing the window
+_ERR_BYTES = 8192  # per reader: length + pickled failure
+_HEAD = 8  # words before the per-rank words (word 0: close counter)
+
+
+class NodePeerLeft(FeedlineError):
+    """A rank of this node left (closed its Loader, gave up) while this rank needed it."""
+
+    def __init__(self, rank: int, node: int, detail: str) -> None:
+        self.rank, self.node, self.detail = int(rank), int(node), detail
+        super().__init__(f"rank {self.rank} of node {self.node} left the node's pass: {detail}")
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.node, self.detail))
+
+
+class NodeOutOfStepError(FeedlineError):
+    """The ranks of a node iterate different passes (epochs/steps) of the node source."""
+
+
+def _enc(gen: int, count: int) -> int:
+    return gen * _C + count
+
+
+class _Pass:
+    """One pass (``start`` .. ``stop``/``finish``) of this rank."""
+
+    def __init__(self, gen: int, plan, steps: list, ops: list, key: int, after: list) -> None:
+        self.gen, self.plan, self.steps, self.ops, self.key = gen, plan, steps, ops, key
+        self.after = after  # serving threads of older passes: read nothing before they end
+        self.futures: dict[int, Any] = {}
+        self.next_submit = 0
+        self.published = 0
+        self.failed: BaseException | None = None
+        self.win = -1
+        self.cur: dict | None = None
 
 
 class NodeWindowSource(Source):
@@ -80,101 +149,367 @@ class NodeWindowSource(Source):
         self.world = ctx.world
         self._reader: ExtentReader | None = None
         self._shm: Any = None
-        self._pending: Any = None
-        self._windows: list = []
+        self._half = 0
+        self._gen = 0
+        self._pass: _Pass | None = None
+        self._serving: list[tuple[threading.Thread, threading.Event]] = []
+        self._stop_evt = threading.Event()
         self._stats = {"window_bytes": 0, "node_syncs": 0, "read_windows": 0}
+        self._pause = defaults.get("poll_sleep_us") * 1e-6
+
+    # -------------------------------------------------------------- layout
+    def _layout(self, n: int, k: int, half: int) -> None:
+        self._n, self._k = n, k
+        self._w_pos = _HEAD
+        self._w_steps = _HEAD + n
+        self._w_key = _HEAD + 2 * n
+        self._w_ready = _HEAD + 3 * n
+        self._w_fail = _HEAD + 3 * n + k
+        words = _HEAD + 3 * n + 2 * k
+        self._err0 = -(-words * 8 // 64) * 64
+        ctrl = self._err0 + k * _ERR_BYTES
+        self._data0 = -(-ctrl // 4096) * 4096
+        self._total = self._data0 + 2 * max(half, 1)
+
+    def _allocate(self, half: int) -> None:
+        self._layout(self._n, self._k, half)
+        shm = self.world.node_array(self._total, np.uint8, owner=0)
+        shm.lock_all()
+        self._shm = shm
+        self._half = max(half, 1)
+        self._ctl = shm.array[: self._err0].view(np.int64)
+        data = shm.array[self._data0 : self._data0 + 2 * self._half]
+        self._halves = data.reshape(2, self._half)
+        self._stats["window_bytes"] = 2 * half
 
     # ---------------------------------------------------------------- setup
     def start(self, plan, first_step: int) -> None:
         from ..plan.reads import unit_of, window_ops, windows
 
         self.stop()
-        rank, world = self.ctx.rank, self.world
+        self._stop_evt.clear()
+        rank = self.ctx.rank
         node = plan.world.node_of(rank)
-        readers = plan.readers_of(node)
+        readers = list(plan.readers_of(node))
+        ranks = plan.world.ranks_of(node)
+        self._node, self._readers, self._rank_lo = node, readers, ranks.start
+        self._me = rank - ranks.start
         self._is_reader = rank in readers
         self._my = readers.index(rank) if self._is_reader else -1
+        self._reader_idx = np.array([r - ranks.start for r in readers], dtype=np.int64)
         unit, _ = unit_of(plan, readers[0])
-        ranks = plan.world.ranks_of(node)
-        self._plan = plan
-        self._steps = windows(plan)
+        steps = windows(plan)
         # every rank computes all readers' operations (pure): where each sample lands
-        self._ops = [
-            window_ops(plan, unit, readers, r, steps) for r, steps in enumerate(self._steps)
-        ]
-        sizes = [sum(op.nbytes for op in ops) for ops in self._ops]
-        half = max(sizes, default=0)
+        ops = [window_ops(plan, unit, readers, r, st) for r, st in enumerate(steps)]
+        sizes = [sum(op.nbytes for op in o) for o in ops]
+        rpn = len(ranks)
+        half = max(max(sizes, default=0), self.memory_bytes(plan) * rpn // 2, 1)
+        key = _plan_key(plan, first_step, sizes)
         if self._is_reader and self._reader is None:
             self._reader = ExtentReader(
                 self.ctx.dataset.files, self.ctx.options.io_threads, plan.strategy.read
             )
-        self._shm = world.node_array((2, max(half, 1)), np.uint8, owner=0)
-        self._stats["window_bytes"] = 2 * half
-        self._rank_lo = ranks.start
-        self._win = -1  # window whose data the consumer currently reads
-        self._err: BaseException | None = None
-        if self._is_reader and self._steps:
-            self._pending = self._read_window(0)
+        self._gen += 1
+        if self._shm is None:
+            self._n, self._k = rpn, len(readers)
+            self._allocate(half)  # collective: the node's first pass
+        elif max(sizes, default=0) > self._half:
+            self._regrow(half, key)
+        self._ctl[self._w_key + self._me] = key
+        self._publish(self._w_pos + self._me, _enc(self._gen, 0))
+        self._serving = [(t, e) for t, e in self._serving if t.is_alive()]
+        self._pass = _Pass(self._gen, plan, steps, ops, key, [t for t, _ in self._serving])
+        if self._is_reader:
+            self._pump(self._pass)
 
-    def _read_window(self, r: int):
-        op = self._ops[r][self._my]
-        base = sum(o.nbytes for o in self._ops[r][: self._my])
+    def _regrow(self, half: int, key: int) -> None:
+        """A larger window: every rank of the node is in this same ``start`` (same plan)."""
+        g = self._gen
+        self._ctl[self._w_key + self._me] = key
+        self._publish(self._w_pos + self._me, _enc(g, 0))
+        while True:
+            pos = self._pos_all()
+            self._check_closed(pos, "the node window must grow (a collective)")
+            self._check_keys(g, key)
+            if (pos >= _enc(g, 0)).all():
+                break
+            time.sleep(self._pause)
+        for t, _ in self._serving:
+            t.join()
+        self._serving = []
+        self._shm.free()  # collective over the node, every rank is here
+        self._allocate(half)
+
+    # ------------------------------------------------------------ control words
+    def _publish(self, word: int, value: int) -> None:
+        self._shm.sync()  # what this rank wrote or read before is ordered before the flag
+        self._ctl[word] = value
+
+    def _pos_all(self) -> np.ndarray:
+        return self._ctl[self._w_pos : self._w_pos + self._n].copy()
+
+    def _check_closed(self, pos: np.ndarray, why: str) -> None:
+        closed = np.flatnonzero(pos == _CLOSED)
+        if len(closed):
+            r = int(closed[0]) + self._rank_lo
+            raise NodePeerLeft(r, self._node, f"it closed its Loader; {why}")
+
+    def _check_keys(self, gen: int, key: int) -> None:
+        """Ranks in the same pass number must run the same plan (else: out of step)."""
+        lo, hi = _enc(gen, 0), _enc(gen + 1, 0)
+        for i in range(self._n):
+            p = int(self._ctl[self._w_pos + i])
+            if lo <= p < hi:
+                self._shm.sync()
+                k = int(self._ctl[self._w_key + i])
+                if int(self._ctl[self._w_pos + i]) == p and k != key:
+                    raise NodeOutOfStepError(
+                        f"rank {i + self._rank_lo} of node {self._node} runs another pass "
+                        f"(epoch/step) than rank {self.ctx.rank} at the same pass number: the "
+                        "ranks of a node must iterate the same epochs and steps"
+                    )
+
+    # ------------------------------------------------------------- reader duty
+    def _read_window(self, P: _Pass, r: int):
+        op = P.ops[r][self._my]
+        base = sum(o.nbytes for o in P.ops[r][: self._my])
         dest = np.zeros(len(op.lengths), dtype=np.int64)
         if len(op.lengths) > 1:
             np.cumsum(op.lengths[:-1], out=dest[1:])
-        view = self._shm.array[r % 2, base : base + op.nbytes]
+        view = self._halves[r % 2, base : base + op.nbytes]
         assert self._reader is not None
         self._stats["read_windows"] += 1
         return self._reader.submit(ReadList(op.file_ids, op.offsets, op.lengths, dest), view)
 
-    def _sync(self, r: int) -> None:
-        """Node meeting at the start of window r: r is complete, r-1's half is free."""
-        failure = None
-        if self._pending is not None:
+    def _pump(self, P: _Pass) -> None:
+        """Publish this reader's finished reads; start those the node has room for."""
+        if P.failed is not None:
+            return
+        while P.published in P.futures and P.futures[P.published].done():
+            f = P.futures.pop(P.published)
             try:
-                self._pending.result()
+                f.result()
             except BaseException as e:
-                failure = _Failed(e)
-            self._pending = None
-        got = self.world.allgather(failure, comm=self.world.node_comm)
-        self._stats["node_syncs"] += 1
-        for f in got:
-            if isinstance(f, _Failed):
-                raise f.exc
-        self._index_window(r)
-        if self._is_reader and r + 1 < len(self._steps):
-            self._pending = self._read_window(r + 1)
+                self._fail(P, P.published, e)
+                return
+            P.published += 1
+            self._publish(self._w_ready + self._my, _enc(P.gen, P.published))
+        n = len(P.steps)
+        while P.next_submit < n and P.next_submit - P.published < 2:
+            if any(t.is_alive() for t in P.after):
+                return  # an older pass's reads may still land in the halves
+            w = P.next_submit
+            pos = self._pos_all()
+            if (pos < _enc(P.gen, max(w - 1, 0))).any():
+                return  # some rank still reads the half of window w-2 (or an older pass)
+            if (pos >= _enc(P.gen, _DEPARTED)).all():
+                return  # nobody needs it
+            self._shm.sync()
+            try:
+                P.futures[w] = self._read_window(P, w)
+            except BaseException as e:
+                self._fail(P, w, e)
+                return
+            P.next_submit += 1
 
-    def _index_window(self, r: int) -> None:
-        """This rank's samples in window r: (step, slot) order, byte positions in the half."""
-        self._cur = window_layout(
-            self._plan, self._ops[r], self._steps[r], self.ctx.rank, self._rank_lo
-        )
-        self._win = r
+    def _fail(self, P: _Pass, window: int, exc: BaseException) -> None:
+        """Publish this reader's failure at *window* (the node's ranks raise it there)."""
+        from ..dist.world import _Failure
+
+        P.failed = exc
+        blob = pickle.dumps(_Failure(exc, self.ctx.rank))
+        if len(blob) > _ERR_BYTES - 8:
+            f = _Failure(exc, self.ctx.rank)
+            f.exc = None
+            blob = pickle.dumps(f)[: _ERR_BYTES - 8]
+        at = self._err0 + self._my * _ERR_BYTES
+        arr = self._shm.array
+        arr[at : at + 8].view(np.int64)[0] = len(blob)
+        arr[at + 8 : at + 8 + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+        self._publish(self._w_fail + self._my, _enc(P.gen, window + 1))
+
+    def _failure_of(self, j: int) -> BaseException:
+        at = self._err0 + j * _ERR_BYTES
+        arr = self._shm.array
+        n = int(arr[at : at + 8].view(np.int64)[0])
+        try:
+            f = pickle.loads(arr[at + 8 : at + 8 + n].tobytes())
+            f.raise_()
+        except BaseException as e:  # the reader's exception, or why it could not be read
+            return e
+        return FeedlineError(f"reader {self._readers[j]} failed")  # pragma: no cover
+
+    def _drain(self, P: _Pass) -> None:
+        for f in P.futures.values():
+            with contextlib.suppress(BaseException):
+                f.result()  # never free or reuse memory the engine still writes
+
+    def _serve(self, P: _Pass, cancel: threading.Event) -> None:
+        """A reader that left pass P keeps reading it for the node's other ranks."""
+        try:
+            while not cancel.is_set() and P.failed is None and P.published < len(P.steps):
+                self._pump(P)
+                pos = self._pos_all()
+                pos[self._me] = _CLOSED
+                if (pos >= _enc(P.gen, _DEPARTED)).all():
+                    return
+                time.sleep(self._pause)
+        except BaseException as e:  # pragma: no cover - published for the peers
+            with contextlib.suppress(BaseException):
+                self._fail(P, P.published, e)
+        finally:
+            self._drain(P)
+            if cancel.is_set() and P.failed is None and P.published < len(P.steps):
+                self._pump(P)  # what finished while draining is still good
+                if P.failed is None:
+                    self._fail(
+                        P,
+                        P.published,
+                        NodePeerLeft(
+                            self.ctx.rank,
+                            self._node,
+                            f"its Loader was closed and no rank of the node made progress "
+                            f"for {STALL_S:g} s; it did not read step {P.steps[P.published].start}"
+                            " and later (every rank of a node must iterate the same steps)",
+                        ),
+                    )
 
     # -------------------------------------------------------------- consumer
+    def _enter(self, P: _Pass, r: int) -> None:
+        """Release window r-1 and wait until every reader completed window r."""
+        g = P.gen
+        self._publish(self._w_pos + self._me, _enc(g, r))
+        need = _enc(g, r + 1)
+        ready = slice(self._w_ready, self._w_ready + self._k)
+        fail = slice(self._w_fail, self._w_fail + self._k)
+        checked = False
+        while True:
+            if self._is_reader:
+                self._pump(P)
+            pos = self._pos_all()  # before the flags: a reader closes after its last flag
+            self._shm.sync()
+            rd = self._ctl[ready].copy()
+            fl = self._ctl[fail].copy()
+            bad = np.flatnonzero((fl > _enc(g, 0)) & (fl <= need))
+            if len(bad):
+                self._shm.sync()
+                raise self._failure_of(int(bad[0]))
+            if (rd >= need).all():
+                break
+            for j in np.flatnonzero(rd < need):
+                if pos[self._reader_idx[j]] == _CLOSED:
+                    raise NodePeerLeft(
+                        self._readers[j],
+                        self._node,
+                        f"it closed its Loader before reading step {P.steps[r].start}, which "
+                        f"rank {self.ctx.rank} needs (every rank of a node must iterate the "
+                        "same steps)",
+                    )
+            if not checked:  # once per window: a stale pass must not wait for the others
+                self._check_keys(g, P.key)
+                checked = True
+            if self._stop_evt.is_set():
+                raise SourceStopped()
+            time.sleep(self._pause)
+        self._shm.sync()  # the readers' data is visible after their flags
+        self._stats["node_syncs"] += 1
+        P.cur = window_layout(P.plan, P.ops[r], P.steps[r], self.ctx.rank, self._rank_lo)
+        P.win = r
+
     def get(self, step: int) -> RawBatch:
-        while self._win < 0 or step >= self._steps[self._win].stop:
-            self._sync(self._win + 1)
-        cur = self._cur
+        P = self._pass
+        if P is None:
+            raise SourceStopped()
+        while P.win < 0 or step >= P.steps[P.win].stop:
+            self._enter(P, P.win + 1)
+        if self._is_reader:
+            self._pump(P)
+        self._ctl[self._w_steps + self._me] += 1  # progress, for a closing reader
+        cur = P.cur
+        assert cur is not None
         i = step - cur["steps"].start
         a, b = int(cur["bounds"][i]), int(cur["bounds"][i + 1])
         if a == b:
             return RawBatch.empty()
-        half = self._shm.array[self._win % 2]
-        data = gather(half, cur["src"][a:b], cur["size"][a:b])
+        data = gather(self._halves[P.win % 2], cur["src"][a:b], cur["size"][a:b])
         return RawBatch(cur["ids"][a:b], data, cur["size"][a:b])
 
     # ------------------------------------------------------------- lifecycle
+    def request_stop(self) -> None:
+        self._stop_evt.set()
+
     def stop(self) -> None:
-        if self._pending is not None:
-            with contextlib.suppress(BaseException):
-                self._pending.result()  # never free memory the engine still writes
-            self._pending = None
-        if self._shm is not None:
-            shm, self._shm = self._shm, None
-            if not _mpi_finalized():  # at interpreter exit MPI may already be gone
-                shm.free()  # collective over the node
+        P, self._pass = self._pass, None
+        if P is None or self._shm is None:
+            return
+        self._publish(self._w_pos + self._me, _enc(P.gen, _DEPARTED))
+        if not self._is_reader:
+            return
+        pos = self._pos_all()
+        pos[self._me] = _CLOSED
+        if P.failed is None and P.published < len(P.steps) and (pos < _enc(P.gen, _DEPARTED)).any():
+            cancel = threading.Event()
+            t = threading.Thread(
+                target=self._serve,
+                args=(P, cancel),
+                name=f"feedline-r{self.ctx.rank}-node-serve",
+                daemon=True,
+            )
+            self._serving.append((t, cancel))
+            t.start()
+        else:
+            self._drain(P)
+
+    def _progress(self) -> int:
+        c = self._ctl
+        return int(c[self._w_steps : self._w_steps + self._n].sum()) + int(
+            (self._pos_all() % _C).sum()
+        )
+
+    def _finish_serving(self) -> None:
+        """Wait for the passes this reader still serves while the node makes progress."""
+        last, t_last = self._progress(), time.monotonic()
+        for t, cancel in self._serving:
+            while t.is_alive():
+                t.join(0.05)
+                now = self._progress()
+                if now != last:
+                    last, t_last = now, time.monotonic()
+                elif time.monotonic() - t_last > STALL_S:
+                    cancel.set()
+                    t.join()
+        self._serving = []
+
+    def _release_window(self) -> None:
+        """Free the window if every rank of the node closes within the grace period."""
+        shm, self._shm = self._shm, None
+        self._publish_closed(shm)
+        n = self._n
+        while True:  # count this rank in, unless a rank gave up
+            c = shm.compare_and_swap(0, -2, -2)
+            if c == _LEAK:
+                shm.abandon()
+                return
+            if shm.compare_and_swap(0, c, c + 1) == c:
+                break
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        while True:
+            c = shm.compare_and_swap(0, -2, -2)
+            if c == n:
+                shm.free()  # collective: every rank of the node is here or on its way
+                return
+            if c == _LEAK:
+                shm.abandon()
+                return
+            if time.monotonic() > deadline and shm.compare_and_swap(0, c, _LEAK) == c:
+                shm.abandon()  # the others will abandon it too
+                return
+            time.sleep(max(self._pause, 1e-3))
+
+    def _publish_closed(self, shm) -> None:
+        shm.sync()
+        self._ctl[self._w_pos + self._me] = _CLOSED
+        shm.sync()
 
     def memory_bytes(self, plan) -> int:
         from ..plan.reads import window_steps
@@ -196,10 +531,26 @@ class NodeWindowSource(Source):
         return st
 
     def close(self) -> None:
-        self.stop()
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        try:
+            self.stop()
+            if self._shm is not None and not _mpi_finalized():
+                self._finish_serving()
+                self._release_window()
+        finally:
+            for t, cancel in self._serving:  # MPI is gone: nothing left to serve
+                cancel.set()
+                t.join()
+            self._serving = []
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+
+def _plan_key(plan, first_step: int, sizes: list[int]) -> int:
+    """A 62-bit digest of what a pass delivers (equal on every rank of a node)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((getattr(plan, "epoch", None), first_step, plan.num_steps, sizes)).encode())
+    return int.from_bytes(h.digest(), "little") >> 2
 
 
 def _mpi_finalized() -> bool:

@@ -1,0 +1,115 @@
+"""The ``node`` source when the ranks of a node do not iterate in lockstep (real mpiexec,
+4 ranks on one emulated node, 2 readers): a rank that leaves early never hangs the
+others, and a reader's I/O error reaches every rank. See ``tests/mpi/node_departure.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from feedline.bench.harness import mpiexec_command
+
+pytestmark = pytest.mark.mpi
+HERE = os.path.dirname(__file__)
+N, SIZE, P = 600, 64, 4
+
+
+def run(scenario: str, tmp_path) -> dict[int, dict]:
+    sys.path.insert(0, os.path.join(HERE, "mpi"))
+    from loader_common import write_records
+
+    data = tmp_path / "data"
+    out = tmp_path / "out"
+    out.mkdir()
+    write_records(str(data), N, SIZE, 3)
+    env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1", FEEDLINE_NODES="1")
+    cmd = [
+        mpiexec_command(),
+        "-n",
+        str(P),
+        sys.executable,
+        os.path.join(HERE, "mpi", "node_departure.py"),
+        scenario,
+        str(data),
+        str(N),
+        str(SIZE),
+        str(out),
+    ]
+    # a regression (a hang) fails here instead of hanging CI
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    res = {}
+    for r in range(P):
+        with open(out / f"rank{r}.json") as f:
+            res[r] = json.load(f)
+    for r, x in res.items():
+        assert not (x["raised"] or "").startswith("UNEXPECTED"), x["message"]
+        assert x["errors"] == [], (r, x["errors"][:3])  # every delivered record was right
+    return res
+
+
+def full(x: dict, epoch: int) -> bool:
+    return x["steps"].get(str(epoch)) == list(range(x["len"]))
+
+
+def test_all_ranks_break_at_the_same_step_then_run_new_epochs(tmp_path):
+    res = run("all-break", tmp_path)
+    for x in res.values():
+        assert x["raised"] is None
+        assert x["steps"]["0"] == [0, 1, 2, 3]
+        assert full(x, 1) and full(x, 2)
+        assert x["node_syncs"] > 3  # several windows per epoch
+
+
+def test_a_peer_that_breaks_and_closes_leaves_the_others_their_data(tmp_path):
+    res = run("peer-break", tmp_path)
+    assert res[P - 1]["steps"]["0"] == [0, 1, 2] and res[P - 1]["reader"] is False
+    for r in range(P - 1):
+        assert res[r]["raised"] is None and full(res[r], 0)
+    assert res[P - 1]["close_s"] < 10
+
+
+def test_a_reader_that_breaks_keeps_reading_for_the_node(tmp_path):
+    """rank 0 (a reader) leaves epoch 0 at step 2 and starts epoch 1 at once: the others
+    still get every record of epoch 0 (rank 0 reads its share for them), then all run 1."""
+    res = run("reader-break", tmp_path)
+    assert res[0]["reader"] is True and res[0]["steps"]["0"] == [0, 1, 2]
+    for r in range(P):
+        assert res[r]["raised"] is None and full(res[r], 1)
+        if r:
+            assert full(res[r], 0)
+
+
+def test_a_reader_that_closes_serves_the_node_until_the_epoch_ends(tmp_path):
+    res = run("reader-close", tmp_path)
+    assert res[0]["steps"]["0"] == [0, 1, 2]
+    for r in range(1, P):
+        assert res[r]["raised"] is None and full(res[r], 0)
+
+
+def test_a_reader_gone_for_good_is_a_typed_error_not_a_hang(tmp_path):
+    """rank 0 closes while the others stall longer than it waits (STALL_S=1.5 s): its
+    close returns, and the others raise NodePeerLeft naming rank 0 at the first window it
+    did not read, after delivering correct data up to there."""
+    res = run("reader-gone", tmp_path)
+    assert res[0]["raised"] is None and res[0]["close_s"] < 10
+    for r in range(1, P):
+        x = res[r]
+        assert x["raised"] == "NodePeerLeft", x
+        assert "rank 0 of node 0" in x["message"]
+        assert 2 < x["at"] < x["len"] - 1
+
+
+def test_a_reader_io_error_mid_epoch_is_raised_on_every_rank(tmp_path):
+    """rank 0 truncates every data file after step 1: the readers' next reads fail and
+    every rank raises the same typed error at the same step (nobody hangs or gets
+    other bytes)."""
+    res = run("io-error", tmp_path)
+    kinds = {x["raised"] for x in res.values()}
+    assert len(kinds) == 1 and kinds != {None}, res
+    assert kinds <= {"StorageError", "CorruptDataError"}, kinds
+    assert len({x["at"] for x in res.values()}) == 1, {r: x["at"] for r, x in res.items()}
