@@ -113,3 +113,14 @@ def test_a_reader_io_error_mid_epoch_is_raised_on_every_rank(tmp_path):
     assert len(kinds) == 1 and kinds != {None}, res
     assert kinds <= {"StorageError", "CorruptDataError"}, kinds
     assert len({x["at"] for x in res.values()}) == 1, {r: x["at"] for r, x in res.items()}
+
+
+def test_ranks_out_of_step_raise_instead_of_mixing_epochs(tmp_path):
+    """rank 0 starts (and drops) one pass more than the others, so its pass numbers
+    mean other epochs: the others still finish epoch 0 (rank 0 reads it for them), then
+    every rank raises NodeOutOfStepError — no rank gets another epoch's records."""
+    res = run("extra-pass", tmp_path)
+    for r, x in res.items():
+        assert x["raised"] == "NodeOutOfStepError", (r, x)
+        if r:
+            assert full(x, 0)

@@ -15,6 +15,8 @@ Scenarios (rank 0 is the node's reader; ``readers_per_node=2`` adds rank P/2):
 ``reader-close``  rank 0 breaks at step 2 and closes its Loader; the others finish
 ``reader-gone``   rank 0 closes at step 2; the others stall (sleep) longer than the
                   reader waits, then must get NodePeerLeft, not a hang
+``extra-pass``    rank 0 starts and drops one pass more than the others: every rank
+                  must raise NodeOutOfStepError instead of reading another epoch's data
 ``io-error``      rank 0 truncates every data file after step 1: every rank raises the
                   same typed error, at the same step
 """
@@ -115,6 +117,16 @@ try:
         t1 = time.monotonic()
         ld.close()
         res["close_s"] = time.monotonic() - t1
+    elif scenario == "extra-pass":
+        ld.set_epoch(0)
+        if rank == 0:
+            iter(ld).close()  # one pass more than the others: rank 0 is out of step
+        for e in (0, 1):
+            ld.set_epoch(e)
+            for b in ld:
+                check(b, ref, res["errors"])
+                res["steps"].setdefault(e, []).append(b.step)
+        ld.close()
     elif scenario == "io-error":
         ld.set_epoch(0)
         for b in ld:

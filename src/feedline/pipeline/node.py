@@ -165,7 +165,8 @@ class NodeWindowSource(Source):
         self._w_key = _HEAD + 2 * n
         self._w_ready = _HEAD + 3 * n
         self._w_fail = _HEAD + 3 * n + k
-        words = _HEAD + 3 * n + 2 * k
+        self._w_rkey = _HEAD + 3 * n + 2 * k  # the pass key of each reader's last flag
+        words = _HEAD + 3 * n + 3 * k
         self._err0 = -(-words * 8 // 64) * 64
         ctrl = self._err0 + k * _ERR_BYTES
         self._data0 = -(-ctrl // 4096) * 4096
@@ -293,6 +294,7 @@ class NodeWindowSource(Source):
                 self._fail(P, P.published, e)
                 return
             P.published += 1
+            self._ctl[self._w_rkey + self._my] = P.key
             self._publish(self._w_ready + self._my, _enc(P.gen, P.published))
         n = len(P.steps)
         while P.next_submit < n and P.next_submit - P.published < 2:
@@ -382,7 +384,6 @@ class NodeWindowSource(Source):
         need = _enc(g, r + 1)
         ready = slice(self._w_ready, self._w_ready + self._k)
         fail = slice(self._w_fail, self._w_fail + self._k)
-        checked = False
         while True:
             if self._is_reader:
                 self._pump(P)
@@ -395,6 +396,15 @@ class NodeWindowSource(Source):
                 self._shm.sync()
                 raise self._failure_of(int(bad[0]))
             if (rd >= need).all():
+                self._shm.sync()
+                keys = self._ctl[self._w_rkey : self._w_rkey + self._k]
+                if (keys != P.key).any():
+                    j = int(np.flatnonzero(keys != P.key)[0])
+                    raise NodeOutOfStepError(
+                        f"reader rank {self._readers[j]} of node {self._node} read another pass "
+                        f"(epoch/step) than rank {self.ctx.rank} at the same pass number: the "
+                        "ranks of a node must iterate the same epochs and steps"
+                    )
                 break
             for j in np.flatnonzero(rd < need):
                 if pos[self._reader_idx[j]] == _CLOSED:
@@ -405,9 +415,7 @@ class NodeWindowSource(Source):
                         f"rank {self.ctx.rank} needs (every rank of a node must iterate the "
                         "same steps)",
                     )
-            if not checked:  # once per window: a stale pass must not wait for the others
-                self._check_keys(g, P.key)
-                checked = True
+            self._check_keys(g, P.key)  # ranks in this pass number must run this plan
             if self._stop_evt.is_set():
                 raise SourceStopped()
             time.sleep(self._pause)
