@@ -146,12 +146,13 @@ def test_resume_at_other_world_sizes_with_emulated_nodes(made, tmp_path):
 
 
 def test_node_aggregation_matches_direct_and_shares_errors(made, tmp_path):
-    """feedline on 4 ranks / 2 emulated nodes aggregates reads per node (a node window);
-    it delivers the same bytes as every rank reading for itself, over several windows."""
+    """feedline on 4 ranks / 2 emulated nodes reads per rank by default (``direct``); with
+    source="node" it aggregates reads per node (a node window) and delivers the same
+    bytes as every rank reading for itself, over several windows."""
     data = ",".join([made["cifar10-large"], made["neuron-inverter"]])
     args = ("--data", data, "--presets", "feedline", "--epochs", "2", "--memory-cap", "1500000")
-    node = mpirun(4, tmp_path / "node.json", *args, nodes=2)
-    direct = mpirun(4, tmp_path / "direct.json", *args, "--source", "direct", nodes=2)
+    node = mpirun(4, tmp_path / "node.json", *args, "--source", "node", nodes=2)
+    direct = mpirun(4, tmp_path / "direct.json", *args, nodes=2)
     for key in node:
         assert node[key]["source"] == "node" and direct[key]["source"] == "direct"
         assert node[key]["ranks"] == direct[key]["ranks"]

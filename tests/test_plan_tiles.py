@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -54,12 +56,14 @@ def test_feedline_reads_are_megabytes_not_groups():
 
 
 def test_a_node_reads_its_share_of_a_wide_tile_once():
-    # 72 columns per node, blocks of 144 columns: every tile spans two nodes, and each
-    # node's columns of it are whole sub-tiles, one run of the file: nothing read twice
+    # with node aggregation (source="node"): 72 columns per node, blocks of 144 columns:
+    # every tile spans two nodes, and each node's columns of it are whole sub-tiles, one
+    # run of the file: nothing read twice
     rec = FlatRecords(50_000, 3072)
-    tiled = make_plan(rec, WorldSpec(256, 32), "feedline", 0, 0, 2304)
+    agg = get_strategy("feedline", readers_per_node=None)
+    tiled = make_plan(rec, WorldSpec(256, 32), agg, 0, 0, 2304)
     per_column = make_plan(
-        rec, WorldSpec(256, 32), get_strategy("feedline", chunk_bytes=0), 0, 0, 2304
+        rec, WorldSpec(256, 32), dataclasses.replace(agg, chunk_bytes=0), 0, 0, 2304
     )
     assert isinstance(tiled._stream, TiledColumnStream) and tiled._stream.m == 144
     ops = _ops(tiled)
@@ -67,6 +71,21 @@ def test_a_node_reads_its_share_of_a_wide_tile_once():
     # per node and row of tiles: ~2 reads of 72 columns x 11 steps (2.4 MB)
     assert sum(op.num_reads for op in ops) <= 4 * 32 * 2
     assert sum(op.num_reads for op in _ops(per_column)) > 20 * sum(op.num_reads for op in ops)
+
+
+def test_per_rank_reads_of_a_wide_tile_pay_for_holes():
+    # the default (every rank reads for itself): 9 columns per rank do not fill whole
+    # sub-tiles of 8 columns, so runs joined over 64 KiB gaps read other ranks' bytes too;
+    # this is the cost docs/loader.md ("Why feedline reads per rank") weighs against
+    # aggregation -- bounded, and still reads of hundreds of KB, not groups
+    rec = FlatRecords(50_000, 3072)
+    direct = make_plan(rec, WorldSpec(256, 32), "feedline", 0, 0, 2304)
+    assert direct.readers == list(range(256))
+    ops = _ops(direct)
+    payload, nbytes = sum(op.payload for op in ops), sum(op.nbytes for op in ops)
+    assert payload == 50_000 * 3072
+    assert 1.2 * payload < nbytes < 2.0 * payload
+    assert nbytes / sum(op.num_reads for op in ops) > 100_000
 
 
 @pytest.mark.parametrize(

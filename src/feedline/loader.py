@@ -145,13 +145,9 @@ class Loader:
         self._index = dataset.index
         self.n = len(self._index)
         self._source_name = source_name_for(self.preset, explicit_source)
-        if (
-            explicit_source is None
-            and self.preset == "feedline"
-            and self.world.dist is not None
-            and self.world.ranks_per_node > 1
-        ):
-            self._source_name = "node"  # aggregate reads per node when a node has peers
+        # feedline reads per rank (``direct``): its byte-sized tiles already make every
+        # rank's reads long runs, and node aggregation (source="node") measured slower at
+        # every ranks-per-node tried here (docs/loader.md, "Why feedline reads per rank")
         if self._source_name == "node" and self.world.dist is None:
             raise ConfigError("source='node' needs an MPI world (launch with mpiexec)")
         self.strategy: Strategy = self._make_strategy(get_strategy(preset), knobs)
@@ -503,9 +499,9 @@ class Loader:
         }
         if self._rl is None:  # DeepIO's randomization level of this strategy's orders
             try:
-                from .plan.rl import rl_of_strategy
+                from .plan.rl import randomization_level
 
-                self._rl = float(rl_of_strategy(self.n, self.strategy))
+                self._rl = float(randomization_level(self._plan(self._epoch)))
             except (ImportError, ConfigError, ValueError):
                 self._rl = float("nan")
         if self._rl == self._rl:  # not NaN

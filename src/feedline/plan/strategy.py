@@ -237,18 +237,19 @@ PRESETS: dict[str, Strategy] = {
     "deepio-opportunistic": Strategy(
         assignment="memory", store="opportunistic", read="pread", prefetch_depth=2
     ),
-    # The best combination: node aggregation, seek-free, coalesced direct reads,
-    # staggering, chunk shuffle with an RL floor, double buffering, store when it fits.
+    # The best combination measured: seek-free, coalesced direct reads of byte-sized
+    # tiles by every rank, chunk shuffle with an RL floor, double buffering. Node
+    # aggregation and staggering measured slower with tiles (docs/loader.md); they are
+    # one knob away (source="node" / readers_per_node=None, stagger=n).
     "feedline": Strategy(
         assignment="chunk",
         chunk_layout="column",
         chunk_bytes=2 * _MiB,
-        readers_per_node=None,
+        readers_per_node=0,
         locate="index",
         read="odirect",
         coalesce_bytes=_COAL,
         coalesce_gap=64 << 10,
-        stagger=4,
         prefetch_depth=2,
         io_thread=True,
         store="auto",
@@ -272,7 +273,7 @@ PRESET_DOCS: dict[str, str] = {
     "async-db": "Async-I/O paper 'Async I/O (DB)': + double buffering",
     "deepio-ordered": "DeepIO-Base: in-memory store, ordered mode",
     "deepio-opportunistic": "DeepIO-Opp: in-memory store, entropy-aware opportunistic ordering",
-    "feedline": "feedline default: aggregation, seek-free, coalesced O_DIRECT, staggering, chunk shuffle",
+    "feedline": "feedline default: chunk shuffle in 2 MiB tiles, seek-free, coalesced reads per rank, double buffering",
 }
 
 
