@@ -108,7 +108,8 @@ def test_open_dataset_expands_node(tmp_path, monkeypatch):
         d = tmp_path / f"node{node}"
         d.mkdir()
         (d / "r.bin").write_bytes(bytes([node]) * 40)
-    ds = feedline.open_dataset(str(tmp_path / "node{node}" / "r.bin"), format="records",
-                               record_bytes=4, sidecar=False)
+    ds = feedline.open_dataset(
+        str(tmp_path / "node{node}" / "r.bin"), format="records", record_bytes=4, sidecar=False
+    )
     assert ds.files == [str(tmp_path / "node0" / "r.bin")]
     assert ds.read(3) == b"\0" * 4

@@ -360,9 +360,7 @@ def test_anticipated_first_group_is_used_only_when_it_matches(records, preset):
     assert not feedline_threads()
 
 
-def test_feedline_reads_direct_only_when_the_page_cache_cannot_keep_the_data(
-    records, monkeypatch
-):
+def test_feedline_reads_direct_only_when_the_page_cache_cannot_keep_the_data(records, monkeypatch):
     ds, data = records
     with Loader(ds, 30) as ld:
         assert ld.strategy.read == "pread"  # 7 KB: the page cache keeps it

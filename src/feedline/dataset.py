@@ -27,8 +27,10 @@ OnStale = Literal["rebuild", "error"]
 
 def sidecar_candidates(root: str, files: list[str], key: str) -> list[str]:
     """Where a sidecar may live: beside the dataset first, then in the cache directory."""
-    if len(files) == 1 and os.path.dirname(files[0]) == root and not os.path.exists(
-        os.path.join(root, "data.mdb")
+    if (
+        len(files) == 1
+        and os.path.dirname(files[0]) == root
+        and not os.path.exists(os.path.join(root, "data.mdb"))
     ):
         local = os.path.join(root, f".{os.path.basename(files[0])}.{key}.fidx")
     else:

@@ -37,7 +37,9 @@ KNOBS: dict[str, _Knob] = {
     "nodes": _Knob(0, "emulated nodes (0: from COMM_TYPE_SHARED)"),
     "io_threads": _Knob(4, "native I/O threads per reader"),
     "io_method": _Knob("pread", "I/O engine read method: pread, odirect or mmap"),
-    "io_chunk_mib": _Knob(8, "largest single read of the I/O engine in MiB (longer extents are split)"),
+    "io_chunk_mib": _Knob(
+        8, "largest single read of the I/O engine in MiB (longer extents are split)"
+    ),
     "io_align": _Knob(0, "O_DIRECT alignment in bytes (0: from the file system, else 4096)"),
     "io_retries": _Knob(3, "retries of a transient I/O error (EIO...) before StorageError"),
     "direct_above": _Knob(
@@ -54,7 +56,9 @@ KNOBS: dict[str, _Knob] = {
     ),
     "workers": _Knob(1, "loader threads decoding and transforming prefetched batches"),
     "sample_threads": _Knob(0, "threads reading one sample each for tf-pre (0: CPUs)"),
-    "async_buffer": _Knob("32MiB", "async-I/O buffer B for async/async-db (samples, or bytes with a unit)"),
+    "async_buffer": _Knob(
+        "32MiB", "async-I/O buffer B for async/async-db (samples, or bytes with a unit)"
+    ),
     "poll_sleep_us": _Knob(200, "sleep between polls of a pending MPI request"),
     "progress": _Knob(1, "show progress bars on long work (0 to hide)"),
 }
@@ -75,7 +79,9 @@ def get(name: str) -> Any:
             return int(float(raw))
         return kind(raw)
     except ValueError:
-        raise ConfigError(f"FEEDLINE_{name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+        raise ConfigError(
+            f"FEEDLINE_{name.upper()}={raw!r} is not a valid {kind.__name__}"
+        ) from None
 
 
 def describe() -> str:

@@ -67,7 +67,9 @@ class Keys(Sequence[bytes]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Keys):
-            return np.array_equal(self.starts, other.starts) and np.array_equal(self.blob, other.blob)
+            return np.array_equal(self.starts, other.starts) and np.array_equal(
+                self.blob, other.blob
+            )
         if isinstance(other, Sequence):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
         return NotImplemented
@@ -144,7 +146,9 @@ class Index:
             return
         if self.file_ids.min() < 0 or self.file_ids.max() >= len(self.files):
             bad = int(np.flatnonzero((self.file_ids < 0) | (self.file_ids >= len(self.files)))[0])
-            raise CorruptDataError(self.files[0], 0, f"sample {bad} names file id {self.file_ids[bad]}")
+            raise CorruptDataError(
+                self.files[0], 0, f"sample {bad} names file id {self.file_ids[bad]}"
+            )
         ends = self.offsets + self.lengths
         limit = np.asarray(sizes, dtype=np.int64)[self.file_ids]
         bad_mask = (self.offsets < 0) | (self.lengths < 0) | (ends > limit)

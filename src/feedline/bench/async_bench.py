@@ -369,9 +369,7 @@ class TorchH5Runner(_PeerBase):
         super().prepare(ctx)
         # each epoch the order of the 'tf' preset for that epoch (a DistributedSampler
         # with set_epoch), computed untimed
-        self._epoch_steps = [self._steps] + [
-            ctx.my_steps(epoch=e) for e in range(1, self.epochs)
-        ]
+        self._epoch_steps = [self._steps] + [ctx.my_steps(epoch=e) for e in range(1, self.epochs)]
 
     def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
         try:

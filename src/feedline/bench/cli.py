@@ -30,8 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             if e.name and e.name.startswith("feedline"):
                 continue
             raise
-        sp = scen.add_parser(name, help=help_, description=mod.__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp = scen.add_parser(
+            name,
+            help=help_,
+            description=mod.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         mod.add_arguments(sp)
         sp.set_defaults(func=mod.run)
     p.set_defaults(func=lambda args: p.print_help() or 2)

@@ -51,8 +51,13 @@ def detect(path) -> str:
         return "npy"
     if os.path.isdir(p):
         names = sorted(f.lower() for f in os.listdir(p) if not f.startswith("."))
-        for ext, fmt in ((".h5", "hdf5"), (".hdf5", "hdf5"), (".tfrecord", "tfrecord"),
-                         (".tfrecords", "tfrecord"), (".npy", "npy")):
+        for ext, fmt in (
+            (".h5", "hdf5"),
+            (".hdf5", "hdf5"),
+            (".tfrecord", "tfrecord"),
+            (".tfrecords", "tfrecord"),
+            (".npy", "npy"),
+        ):
             if any(n.endswith(ext) for n in names):
                 return fmt
     raise UnsupportedFormatError(

@@ -111,7 +111,9 @@ class Format(ABC):
 
     def sidecar_key(self) -> str:
         """Identifies what the index depends on besides file contents."""
-        blob = json.dumps({"format": self.name, "options": self.options}, sort_keys=True, default=str)
+        blob = json.dumps(
+            {"format": self.name, "options": self.options}, sort_keys=True, default=str
+        )
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
     def make_decoder(self, index: Index) -> Decoder:

@@ -23,7 +23,13 @@ MAX_BYTES = 4096
 MAX_CHAIN = 64
 #: strategy knobs that shape the epoch order; a resumed loader must agree on them
 ORDER_KNOBS = (
-    "assignment", "chunk", "chunk_layout", "region", "memory_fraction", "circular", "rl_floor"
+    "assignment",
+    "chunk",
+    "chunk_layout",
+    "region",
+    "memory_fraction",
+    "circular",
+    "rl_floor",
 )
 
 
