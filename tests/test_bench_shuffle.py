@@ -36,6 +36,7 @@ def test_shuffle_quick(tmp_path):
     rows = {r["order"]: r for r in doc["rows"]}
     assert list(rows) == [
         "global",
+        "feedline",
         "chunk B=64",
         "memory R=0.5",
         "memory R=0.25",
@@ -46,7 +47,8 @@ def test_shuffle_quick(tmp_path):
     assert rows["none"]["rl_observed"] == 0.0
     assert 0 < rows["chunk B=64"]["rl"] < 1
     assert rows["memory R=0.1"]["rl"] < rows["memory R=0.25"]["rl"] < rows["memory R=0.5"]["rl"]
-    for name in ("global", "chunk B=64", "none"):  # trained
+    assert 0 < rows["feedline"]["rl"] < 1  # planned over the index: the preset's tiles
+    for name in ("global", "feedline", "chunk B=64", "none"):  # trained
         assert 0.0 <= rows[name]["accuracy"] <= 1.0 and np.isfinite(rows[name]["loss"])
     for name in ("memory R=0.5", "memory R=0.25", "memory R=0.1"):  # RL only with --quick
         assert rows[name]["accuracy"] is None

@@ -1,7 +1,8 @@
 """``feedline bench shuffle``: how random each plan's order is (DeepIO RL) and what that
 does to learning.
 
-1. **RL of each plan** over the training set: global shuffle, the asynchronous-I/O
+1. **RL of each plan** over the training set: global shuffle, the ``feedline`` preset's
+   2 MiB tiles (planned over the dataset's index, as the Loader plans), the asynchronous-I/O
    paper's chunk shuffle at several buffer sizes B (groups of B contiguous samples
    shuffled globally, each of the ``--ranks`` ranks owning a share of groups and
    shuffling inside its buffer), no shuffle, and DeepIO's memory(R) rounds — the
@@ -82,16 +83,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def orders(chunks: list[int], memory: list[float]) -> list[tuple[str, Any]]:
     """(row name, strategy) of every compared order."""
-    rows: list[tuple[str, Any]] = [("global", get_strategy("tf"))]
+    rows: list[tuple[str, Any]] = [("global", get_strategy("tf")), ("feedline", get_strategy())]
     rows += [(f"chunk B={b}", get_strategy("async-db", chunk=b)) for b in chunks]
     rows += [(f"memory R={r:g}", get_strategy("deepio-ordered", memory_fraction=r)) for r in memory]
     rows.append(("none", get_strategy("strided")))
     return rows
 
 
-def epoch_order(n: int, world: WorldSpec, strategy: Any, seed: int, epoch: int, batch: int):
-    """The global sample sequence of one epoch (step s = the next *batch* ids)."""
-    return make_plan(n, world, strategy, seed, epoch, batch).order()
+def epoch_order(source: Any, world: WorldSpec, strategy: Any, seed: int, epoch: int, batch: int):
+    """The global sample sequence of one epoch (step s = the next *batch* ids); *source*
+    is the dataset's index (the ``feedline`` preset sizes its tiles in bytes) or a count."""
+    return make_plan(source, world, strategy, seed, epoch, batch).order()
 
 
 def class_mix(order: np.ndarray, labels: np.ndarray, batch: int, classes: int) -> float:
@@ -151,6 +153,17 @@ def load_dataset(path: str) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def _index_of(path: str):
+    """The dataset's index (record extents), for plans that size their reads in bytes."""
+    from ..dataset import open_dataset
+
+    ds = open_dataset(path)
+    try:
+        return ds.index
+    finally:
+        ds.close()
+
+
 # --------------------------------------------------------------------- scenario
 
 
@@ -184,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
 
             generate("cifar10-large", path, samples=n, seed=args.seed, force=True, progress=False)
         x, y = load_dataset(path)
+        index = _index_of(path)
         if len(y) != n:
             n = doc["samples"] = len(y)
         classes = int(y.max()) + 1
@@ -196,23 +210,24 @@ def run(args: argparse.Namespace) -> int:
         rl_only = [r for r in (0.5, 0.25, 0.1) if r not in train_mem]
         plans = orders(chunks, train_mem + rl_only)
         for name, strat in plans:
-            order0 = epoch_order(n, world, strat, args.seed, 0, args.batch_size)
+            plan0 = make_plan(index, world, strat, args.seed, 0, args.batch_size)
+            order0 = plan0.order()
             row: dict[str, Any] = {
                 "order": name,
                 "strategy": strat.to_dict(),
-                "rl": float(_rl.randomization_level(strat, n=n)),
+                "rl": float(_rl.randomization_level(plan0)),
                 "rl_observed": float(_rl.rl_of_sequence(order0)),
                 "class_mix": class_mix(order0, y, args.batch_size, classes),
                 "accuracy": None,
                 "loss": None,
             }
             is_trained = (
-                strat.assignment in ("global", "strided")
+                name in ("global", "feedline", "none")
                 or (strat.assignment == "chunk" and strat.chunk in trained)
                 or (strat.assignment == "memory" and ("m", strat.memory_fraction) in trained)
             )
             if is_trained and not args.no_train:
-                row.update(train(x, y, test, world, strat, args, epochs))
+                row.update(train(x, y, test, index, world, strat, args, epochs))
             doc["rows"].append(row)
     finally:
         if tmp is not None:
@@ -221,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def train(x, y, test, world, strat, args, epochs) -> dict[str, Any]:
+def train(x, y, test, index, world, strat, args, epochs) -> dict[str, Any]:
     """Train the small CNN from the same initial weights in *strat*'s order."""
     import torch
 
@@ -234,7 +249,7 @@ def train(x, y, test, world, strat, args, epochs) -> dict[str, Any]:
     t0 = time.perf_counter()
     loss = float("nan")
     for e in range(epochs):
-        order = epoch_order(len(y), world, strat, args.seed, e, args.batch_size)
+        order = epoch_order(index, world, strat, args.seed, e, args.batch_size)
 
         def batches(order=order):
             for a in range(0, len(order), args.batch_size):
