@@ -295,6 +295,12 @@ class Loader:
                 f"{est['batches'] / 1e6:.1f} MB, index {est['index'] / 1e6:.1f} MB), over the "
                 f"memory cap of {self.memory_cap / 1e6:.1f} MB. Lower batch_size, "
                 f"prefetch_depth or buffer=, or raise memory_cap= (FEEDLINE_MEMORY_CAP)."
+                + (
+                    " The in-memory store holds R of the dataset (2R when R < 1): lower "
+                    "memory_fraction=."
+                    if self._source_name == "store"
+                    else ""
+                )
             )
 
     # -------------------------------------------------------------- iteration

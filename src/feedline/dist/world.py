@@ -130,6 +130,72 @@ class NodeArray:
         self.free()
 
 
+class RmaArray:
+    """This rank's part of a job-wide window (``Win.Allocate``) that every rank reads by
+    one-sided ``Get`` (passive target): DeepIO's storage buffer.
+
+    ``array`` is this rank's local memory; :meth:`get` copies byte ranges of any rank's
+    part into a local buffer. Without MPI it is a private array and ``get`` copies from
+    it. Synchronisation is the caller's: write your part, :meth:`sync`, then tell the
+    others (a collective); stop reading before telling a writer it may overwrite.
+    """
+
+    def __init__(self, array: np.ndarray, win: Any = None, rank: int = 0) -> None:
+        self.array = array
+        self._win = win
+        self._rank = rank
+        if win is not None:
+            win.Lock_all(_mpi().MODE_NOCHECK)
+
+    def sync(self) -> None:
+        """Make this rank's stores to its part visible to the others' ``Get``."""
+        if self._win is not None:
+            self._win.Sync()
+
+    def get(
+        self,
+        owners: np.ndarray,
+        disps: np.ndarray,
+        lengths: np.ndarray,
+        out: np.ndarray,
+        dest: np.ndarray,
+    ) -> int:
+        """Copy ``lengths[i]`` bytes at ``disps[i]`` of rank ``owners[i]``'s part into
+        ``out[dest[i]:]``; returns the bytes that came from other ranks. Reads of this
+        rank's part are plain copies; the others are ``MPI_Get``, completed by one flush.
+        """
+        remote = 0
+        mine = self.array
+        win = self._win
+        BYTE = _mpi().BYTE if win is not None else None
+        for o, d, n, t in zip(
+            owners.tolist(), disps.tolist(), lengths.tolist(), dest.tolist(), strict=True
+        ):
+            if n == 0:
+                continue
+            if o == self._rank or win is None:
+                out[t : t + n] = mine[d : d + n]
+            else:
+                win.Get([out[t : t + n], n, BYTE], o, (d, n, BYTE))
+                remote += n
+        if remote:
+            win.Flush_all()
+        return remote
+
+    def free(self) -> None:
+        """Release the window (collective over its communicator)."""
+        if self._win is not None:
+            self.array = np.zeros(0, dtype=np.uint8)
+            self._win.Unlock_all()
+            self._win.Free()
+            self._win = None
+
+    def abandon(self) -> None:
+        """Drop the handle without the collective free (kept until the process exits)."""
+        self.array = np.zeros(0, dtype=np.uint8)
+        self._win = None
+
+
 class Token:
     """The staggering token of one reader (LMDBIO §4.6), from a plan's ``StaggerInfo``.
 
@@ -391,6 +457,17 @@ class World:
         buf, _ = win.Shared_query(owner)
         arr = np.frombuffer(buf, dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
         return NodeArray(arr, win, owner)
+
+    def rma_array(self, nbytes: int, comm: Any = None) -> RmaArray:
+        """Allocate *nbytes* on every rank in one window (``Win.Allocate``), collective
+        over *comm* (default: the World's). Without MPI this is a private array."""
+        comm = comm if comm is not None else self.comm
+        nbytes = int(nbytes)
+        if comm is None:
+            return RmaArray(np.zeros(nbytes, dtype=np.uint8))
+        win = _mpi().Win.Allocate(max(nbytes, 1), 1, comm=comm)
+        arr = np.frombuffer(win.tomemory(), dtype=np.uint8, count=nbytes)
+        return RmaArray(arr, win, comm.Get_rank())
 
     # ----------------------------------------------------------------- tokens
     def token(self, info) -> Token:

@@ -169,7 +169,7 @@ def source_name_for(preset: str, explicit: str | None = None) -> str:
 
 
 def _load() -> None:
-    from . import direct, grouped  # noqa: F401  (import registers)
+    from . import direct, grouped, store  # noqa: F401  (import registers)
 
     with contextlib.suppress(ImportError):  # pragma: no cover - needs dist.world
         from . import node  # noqa: F401

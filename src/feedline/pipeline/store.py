@@ -1,0 +1,433 @@
+"""``store``: DeepIO's distributed in-memory store (§III-A, B), for the ``deepio-*`` presets.
+
+The job's memory holds the samples of the current *round* (the ``memory(R)`` assignment:
+a random selection of a fraction R of the dataset's units, permuted completely; R = 1 is
+one round of everything). Each rank loads a share of every round from storage into its
+part of a job-wide window (``Win.Allocate``) — the round's ids sorted and cut into P
+equal runs, so a rank's load is a few long reads — and then builds every sub-batch by
+one-sided ``MPI_Get`` from whichever rank holds each sample (a copy when it holds it
+itself): DeepIO's RDMA-assisted in-situ shuffle. Where each sample lies is computed,
+not communicated: every rank derives the same partition from the plan.
+
+The window holds ``slots`` rounds (one when the whole dataset is one round; else the
+most rounds a step spans, at least two: DeepIO's double buffering of the hybrid
+backend-memory pipeline, so the store holds 2R of the dataset when R < 1). With one round of everything the store is loaded once
+and kept: later epochs read nothing from storage. With several rounds, a step that needs
+a round not yet resident loads it into the slot of the oldest round, between two small
+collectives on the store's own communicator (everyone is done with the round being
+overwritten; everyone has loaded the new one). Those collectives carry errors: a rank
+that cannot load its share makes every rank raise at the same step (the failing rank its
+own typed error, the others :class:`StorePeerFailed`).
+
+A rank that leaves a pass early (``break``, an exception, ``close()``) still owes the
+others its shares of the rounds left in that pass: a background thread
+(``feedline-r*-store-serve``) takes part in the remaining transitions — unless every
+rank has left, which the first collective tells everyone — and the rank's next pass, or
+its ``close()``, waits for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import defaults
+from ..errors import ConfigError, CorruptDataError, FeedlineError, StorageError
+from .reader import ExtentReader, coalesce
+from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
+
+CLOSE_GRACE_S = 5.0
+STALL_S = 10.0
+_FAILED = 1 << 62
+
+_OK, _LEFT, _STORAGE, _CORRUPT, _OTHER = 0, 1, 2, 3, 4
+_CODE_NAMES = {_STORAGE: "StorageError", _CORRUPT: "CorruptDataError", _OTHER: "an error"}
+
+
+class StorePeerFailed(FeedlineError):
+    """Another rank could not load its share of a round into the in-memory store."""
+
+
+class _Rounds:
+    """The rounds of one plan, in positions of the epoch order, and what each step needs."""
+
+    def __init__(self, plan) -> None:
+        stream = plan._stream
+        self.total = plan.total
+        if hasattr(stream, "round_bounds") and plan._layout == "row" and stream.rounds > 1:
+            r = np.arange(stream.rounds, dtype=np.int64)
+            lo, hi = stream.round_bounds(r)
+            self.lo = np.asarray(lo, dtype=np.int64)
+            self.hi = np.asarray(hi, dtype=np.int64)
+        else:  # one round: the whole epoch (R = 1, or an order without rounds)
+            self.lo = np.array([0], dtype=np.int64)
+            self.hi = np.array([max(plan.n, 1)], dtype=np.int64)
+        self.count = len(self.lo)
+        self.whole = self.count == 1
+        B = plan.batch_size
+        steps = np.arange(plan.num_steps, dtype=np.int64)
+        first = steps * B
+        last = np.minimum(first + B, plan.total) - 1
+        last = np.maximum(last, first)
+        self.step_min = np.searchsorted(self.hi, first, side="right")
+        self.step_max = np.searchsorted(self.hi, last, side="right")
+        span = int((self.step_max - self.step_min).max()) + 1 if len(steps) else 1
+        self.last = int(self.step_max.max()) if len(steps) else -1  # last round needed
+        self.slots = 1 if self.whole else max(2, span)
+        self._plan = plan
+
+    def ids(self, r: int) -> np.ndarray:
+        """The round's sample ids, sorted (its positions are ``[lo, hi)``)."""
+        if self.whole:
+            return np.arange(self._plan.n, dtype=np.int64)
+        pos = np.arange(self.lo[r], self.hi[r], dtype=np.int64)
+        return np.sort(self._plan._stream.take(pos))
+
+
+def _share(ids: np.ndarray, P: int, k: int) -> np.ndarray:
+    """Rank *k*'s share of a round's sorted ids: P runs of equal-as-possible count."""
+    n = len(ids)
+    return ids[k * n // P : (k + 1) * n // P]
+
+
+class StoreSource(Source):
+    """Samples served from the job's memory by one-sided reads (DeepIO)."""
+
+    name = "store"
+
+    def __init__(self, ctx: SourceContext) -> None:
+        super().__init__(ctx)
+        w = ctx.world
+        if ctx.size > 1 and w is None:
+            raise ConfigError(
+                "the DeepIO store (source='store') needs an MPI world: launch with mpiexec/srun"
+            )
+        self._world = w
+        self._comm = w.comm.Dup() if w is not None and w.comm is not None else None
+        self._P = ctx.size
+        self._me = ctx.rank
+        index = ctx.dataset.index
+        self._fid = np.asarray(index.file_ids, dtype=np.int64)
+        self._off = np.asarray(index.offsets, dtype=np.int64)
+        self._len = np.asarray(index.lengths, dtype=np.int64)
+        n = len(self._len)
+        self._owner = np.zeros(n, dtype=np.int32)
+        self._disp = np.zeros(n, dtype=np.int64)
+        self._sorted_len: np.ndarray | None = None
+        self._reader: ExtentReader | None = None
+        self._rma: Any = None
+        self._slot_bytes = 0
+        self._nslots = 0
+        self._resident: list[Any] = []  # per slot: (pass key, round) or ("all",) or None
+        self._rounds: _Rounds | None = None
+        self._pass = 0
+        self._hi = -1  # highest round loaded in this pass
+        self._stop = threading.Event()
+        self._pending: Any = None  # a collective in flight when a get() was stopped
+        self._loading: list[Any] | None = None  # [round, stage, code, error] of a load
+        self._placed: Any = None  # the resident key owner/disp describe
+        self._serve: threading.Thread | None = None
+        self._serve_error: BaseException | None = None
+        self._step = 0
+        self._done_pass = True
+        self._st = {"rma_bytes": 0, "local_bytes": 0, "rounds_loaded": 0, "store_bytes": 0}
+        self._pause = defaults.get("poll_sleep_us") * 1e-6
+
+    # ---------------------------------------------------------------- sizing
+    def _sizing(self, plan) -> tuple[_Rounds, int, int]:
+        rounds = _Rounds(plan)
+        if rounds.whole:
+            per = -(-plan.n // self._P)
+        else:
+            per = -(-int((rounds.hi - rounds.lo).max()) // self._P)
+        if self._sorted_len is None:
+            self._sorted_len = np.sort(self._len)[::-1]
+        # a share holds at most `per` records: the largest `per` lengths bound its bytes
+        slot = int(self._sorted_len[:per].sum()) if per else 0
+        return rounds, slot, rounds.slots
+
+    def memory_bytes(self, plan) -> int:
+        _, slot, nslots = self._sizing(plan)
+        return slot * nslots
+
+    # -------------------------------------------------------------- protocol
+    def _collective(self, code: int) -> np.ndarray:
+        """Every rank's code (an ``Iallgather``, polled; stoppable by :meth:`request_stop`)."""
+        if self._comm is None or self._P == 1:
+            return np.array([code], dtype=np.int64)
+        if self._pending is None:
+            out = np.zeros(self._P, dtype=np.int64)
+            req = self._comm.Iallgather(np.array([code], dtype=np.int64), out)
+            self._pending = (req, out)
+        req, out = self._pending
+        while not req.Test():
+            if self._stop.is_set():
+                raise SourceStopped
+            time.sleep(self._pause)
+        self._pending = None
+        return out
+
+    def _check(self, codes: np.ndarray, what: str) -> None:
+        bad = [(r, int(c)) for r, c in enumerate(codes.tolist()) if c >= _STORAGE]
+        if bad:
+            self._invalidate()
+            r, c = bad[0]
+            raise StorePeerFailed(
+                f"rank {r} could not load its share of {what} into the in-memory store "
+                f"({_CODE_NAMES.get(c, 'an error')} on that rank; see its output)"
+            )
+
+    def _invalidate(self) -> None:
+        self._resident = [None] * self._nslots
+        self._placed = None
+        self._hi = _FAILED
+
+    def _load(self, r: int) -> None:
+        """Load round *r* (this rank's share) into its slot, between two collectives.
+
+        Resumable: a ``get`` stopped inside a collective leaves the stage behind, and the
+        serve thread goes on from there (the collectives must match the others' one to
+        one).
+        """
+        assert self._rounds is not None
+        rounds = self._rounds
+        slot = r % self._nslots
+        key = ("all",) if rounds.whole else (self._pass, r)
+        if self._resident[slot] == key:  # R = 1: loaded in an earlier pass, kept
+            if self._placed != key:
+                self._place(rounds.ids(r), slot)
+                self._placed = key
+            self._hi = r
+            return
+        st = self._loading if self._loading is not None and self._loading[0] == r else None
+        if st is None:
+            st = self._loading = [r, 0, _OK, None]
+        if st[1] == 0:
+            # 1. nobody reads the round this slot holds any more (and: is anyone here?)
+            codes = self._collective(_LEFT if self._departed else _OK)
+            st[1] = 1
+            if self._comm is not None and bool((codes == _LEFT).all()):
+                self._loading = None
+                self._abandon_pass()
+                raise SourceStopped
+        if st[1] == 1:
+            try:
+                self._read_share(rounds.ids(r), slot)
+            except StorageError as e:
+                st[2], st[3] = _STORAGE, e
+            except CorruptDataError as e:
+                st[2], st[3] = _CORRUPT, e
+            except Exception as e:
+                st[2], st[3] = _OTHER, e
+            self._resident[slot] = None if st[3] is not None else key
+            if self._rma is not None:
+                self._rma.sync()
+            st[1] = 2
+        # 2. everyone has loaded round r (or one failed: everyone raises)
+        codes = self._collective(st[2])
+        self._loading = None
+        if st[3] is not None:
+            self._invalidate()
+            raise st[3]
+        self._check(codes, f"round {r}")
+        self._place(rounds.ids(r), slot)
+        self._placed = key
+        self._hi = r
+        self._st["rounds_loaded"] += 1
+
+    def _read_share(self, ids: np.ndarray, slot: int) -> None:
+        mine = _share(ids, self._P, self._me)
+        if len(mine) == 0:
+            return
+        c = coalesce(self._fid[mine], self._off[mine], self._len[mine], gap=0)
+        base = slot * self._slot_bytes
+        if c.reads.nbytes > self._slot_bytes:  # pragma: no cover - sized from the index
+            raise FeedlineError("store slot overflow: the share outgrew its bound")
+        assert self._reader is not None
+        buf = self._rma.array[base : base + self._slot_bytes]
+        self._reader.read(c.reads, buf)
+
+    def _place(self, ids: np.ndarray, slot: int) -> None:
+        """Where every sample of a round lies: owner rank and displacement in its part."""
+        base = slot * self._slot_bytes
+        for k in range(self._P):
+            part = _share(ids, self._P, k)
+            if len(part) == 0:
+                continue
+            c = coalesce(self._fid[part], self._off[part], self._len[part], gap=0)
+            self._owner[part] = k
+            self._disp[part] = base + c.src
+
+    # ----------------------------------------------------------------- passes
+    @property
+    def _departed(self) -> bool:
+        return threading.current_thread() is self._serve
+
+    def start(self, plan, first_step: int) -> None:
+        self.stop()
+        self._wait_serve()
+        self._stop.clear()
+        rounds, slot, nslots = self._sizing(plan)
+        if self._rma is None or slot > self._slot_bytes or nslots > self._nslots:
+            self._allocate(slot, nslots)
+        if self._reader is None:
+            self._reader = ExtentReader(
+                self.ctx.dataset.files, self.ctx.options.io_threads, plan.strategy.read
+            )
+        self._rounds = rounds
+        self._pass += 1
+        self._loading = self._pending = None
+        if first_step < plan.num_steps:
+            self._hi = int(rounds.step_min[first_step]) - 1
+            self._done_pass = False
+        else:
+            self._hi, self._done_pass = rounds.last, True
+        self._step = first_step
+        self._plan = plan
+
+    def _allocate(self, slot: int, nslots: int) -> None:
+        if self._rma is not None:
+            self._free_window()
+        w = self._world
+        if w is not None and self._comm is not None:
+            self._rma = w.rma_array(slot * nslots, comm=self._comm)
+        else:
+            from ..dist.world import RmaArray
+
+            self._rma = RmaArray(np.zeros(slot * nslots, dtype=np.uint8))
+        self._slot_bytes, self._nslots = slot, nslots
+        self._resident = [None] * nslots
+        self._st["store_bytes"] = slot * nslots
+
+    def _ensure(self, step: int) -> None:
+        assert self._rounds is not None
+        need = int(self._rounds.step_max[step])
+        while self._hi < need:
+            self._load(self._hi + 1)
+
+    def get(self, step: int) -> RawBatch:
+        if self._hi >= _FAILED:
+            raise FeedlineError("the in-memory store failed earlier in this pass")
+        self._ensure(step)
+        ids = self._plan.samples(self._me, step)
+        self._step = step + 1
+        if step + 1 >= self._plan.num_steps:
+            self._done_pass = True
+        if len(ids) == 0:
+            return RawBatch.empty()
+        lengths = self._len[ids]
+        dest = np.zeros(len(ids), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=dest[1:])
+        out = np.empty(int(lengths.sum()), dtype=np.uint8)
+        remote = self._rma.get(self._owner[ids], self._disp[ids], lengths, out, dest)
+        self._st["rma_bytes"] += remote
+        self._st["local_bytes"] += int(out.size) - remote
+        return RawBatch(ids, out, lengths)
+
+    def finish(self) -> None:
+        self._done_pass = True
+        self.stop()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Leave the pass; the rounds it still owes the others are served in background."""
+        if self._rounds is None or self._done_pass:
+            return
+        self._done_pass = True
+        if self._hi >= _FAILED or self._comm is None or self._P == 1:
+            self._loading = self._pending = None
+            return
+        if self._hi >= self._rounds.last and self._loading is None:
+            return
+        self._stop.clear()
+        self._serve = threading.Thread(
+            target=self._serve_rest, name=f"feedline-r{self._me}-store-serve", daemon=True
+        )
+        self._serve.start()
+
+    def _serve_rest(self) -> None:
+        assert self._rounds is not None
+        try:
+            while self._hi < self._rounds.last:
+                self._load(self._hi + 1)
+        except SourceStopped:
+            pass
+        except BaseException as e:  # the pass it served is over; the next one reloads
+            self._serve_error = e
+
+    def _abandon_pass(self) -> None:
+        assert self._rounds is not None
+        self._hi = self._rounds.last
+
+    def _wait_serve(self, stall_s: float | None = None) -> bool:
+        """Join the serve thread; with *stall_s*, give up after that long without a
+        round loaded (returns False: the others stopped making progress)."""
+        t = self._serve
+        if t is None:
+            return True
+        last, t_last = self._hi, time.monotonic()
+        while t.is_alive():
+            t.join(0.05)
+            if self._hi != last:
+                last, t_last = self._hi, time.monotonic()
+            elif stall_s is not None and time.monotonic() - t_last > stall_s:
+                self._stop.set()
+                t.join()
+                self._serve = None
+                return False
+        self._serve = None
+        self._serve_error = None
+        return True
+
+    # ------------------------------------------------------------------ misc
+    def stats(self) -> dict[str, Any]:
+        st = (
+            self._reader.stats()
+            if self._reader is not None
+            else {"storage_bytes": 0, "storage_ops": 0, "io_s": 0.0}
+        )
+        st.update(self._st)
+        st["buffer_bytes"] = self._st["store_bytes"]
+        return st
+
+    def _free_window(self) -> None:
+        rma, self._rma = self._rma, None
+        if rma is None:
+            return
+        if self._comm is None or self._P == 1:
+            rma.free()
+            return
+        from mpi4py import MPI
+
+        if MPI.Is_finalized():
+            rma.abandon()
+            return
+        req = self._comm.Ibarrier()
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        while not req.Test():
+            if time.monotonic() > deadline:
+                rma.abandon()  # a peer is not closing with us: keep it until exit
+                return
+            time.sleep(max(self._pause, 1e-3))
+        rma.free()
+
+    def close(self) -> None:
+        try:
+            self.stop()
+            if self._wait_serve(STALL_S):
+                self._free_window()
+            elif self._rma is not None:  # peers that need our shares are not progressing
+                self._rma.abandon()
+                self._rma = None
+        finally:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+
+register_source(StoreSource, presets=("deepio-ordered", "deepio-opportunistic"))

@@ -1,0 +1,118 @@
+"""DeepIO's distributed in-memory store (``source="store"``, the ``deepio-*`` presets)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from feedline import ConfigError, Loader, open_dataset
+from feedline.bench.harness import mpiexec_command
+from feedline.make import generate
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory):
+    return generate(
+        "cifar10-large", str(tmp_path_factory.mktemp("st") / "c"), samples=700, progress=False
+    )
+
+
+def _epoch(loader):
+    return [(b.ids.copy(), np.ascontiguousarray(b.data).copy()) for b in loader]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(
+        np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("preset", ["deepio-ordered", "deepio-opportunistic"])
+@pytest.mark.parametrize("R", [1.0, 0.25])
+def test_store_delivers_the_plan_and_keeps_r1_in_memory(cifar, preset, R):
+    ds = open_dataset(cifar)
+    kw = {"memory_fraction": R, "seed": 5, "decode": False}
+    with (
+        Loader(ds, 32, preset=preset, **kw) as st,
+        Loader(ds, 32, preset=preset, source="direct", **kw) as ref,
+    ):
+        assert st.stats()["source"] == "store"
+        read = []
+        for e in range(2):
+            st.set_epoch(e)
+            ref.set_epoch(e)
+            got = _epoch(st)
+            assert _same(got, _epoch(ref))
+            ids = np.sort(np.concatenate([g[0] for g in got]))
+            assert np.array_equal(ids, np.arange(len(ds)))
+            read.append(st.stats()["storage_bytes"])
+        s = st.stats()
+    payload = int(ds.index.lengths.sum())
+    if R == 1.0:
+        assert read == [payload, payload]  # loaded once; epoch 2 from memory
+        assert s["store_bytes"] == payload and s["rounds_loaded"] == 1
+    else:
+        assert read == [payload, 2 * payload]  # rounds re-loaded every epoch
+        assert s["rounds_loaded"] == 8  # 11 units of 64, 3 per round: 4 rounds x 2
+        assert s["store_bytes"] < payload  # two slots of ~R of the dataset
+    assert s["local_bytes"] == 2 * payload and s["rma_bytes"] == 0  # one rank
+
+
+def test_store_resumes_and_stops_early(cifar):
+    ds = open_dataset(cifar)
+    kw = {"memory_fraction": 0.25, "seed": 1, "decode": False}
+    with Loader(ds, 32, preset="deepio-ordered", **kw) as st:
+        it = iter(st)
+        for _ in range(4):
+            next(it)
+        state = st.state_dict()
+        rest = [(b.ids.copy(), b.data.copy()) for b in it]
+        st.set_epoch(1)
+        for i, _b in enumerate(st):  # leave a pass early, then run one whole
+            if i == 2:
+                break
+        st.set_epoch(2)
+        assert sum(len(b.ids) for b in st) == len(ds)
+    with Loader(ds, 32, preset="deepio-ordered", **kw) as again:
+        again.load_state_dict(state)
+        assert _same(_epoch(again), rest)
+
+
+def test_store_that_does_not_fit_is_refused_with_the_knob_to_turn(cifar):
+    ds = open_dataset(cifar)
+    with pytest.raises(ConfigError, match="memory_fraction"):
+        Loader(ds, 32, preset="deepio-ordered", memory_cap="2MB")  # 2.6 MB of samples
+    Loader(ds, 32, preset="deepio-ordered", memory_fraction=0.1, memory_cap="2MB").close()
+
+
+def _mpi(n, *args, timeout=300):
+    env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1")
+    cmd = [
+        mpiexec_command(),
+        "-n",
+        str(n),
+        sys.executable,
+        os.path.join(HERE, "mpi", "store_mpi.py"),
+    ]
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_store_under_mpiexec(cifar, n):
+    out = _mpi(n, cifar, "check")
+    assert out.count("STORE-OK") == n, out
+
+
+def test_store_load_error_reaches_every_rank(tmp_path):
+    bad = generate("cifar10-bin", str(tmp_path / "b"), samples=200, progress=False)
+    out = _mpi(3, bad, "error", timeout=120)
+    assert out.count("STORE-ERROR-OK") == 3, out
+    assert " own" in out and " peer: " in out  # the loader's typed error, and its peers'
