@@ -131,26 +131,45 @@ class NodeArray:
 
 
 class RmaArray:
-    """This rank's part of a job-wide window (``Win.Allocate``) that every rank reads by
-    one-sided ``Get`` (passive target): DeepIO's storage buffer.
+    """This rank's part of a job-wide store that every rank reads one-sidedly (passive
+    target): DeepIO's storage buffer.
 
-    ``array`` is this rank's local memory; :meth:`get` copies byte ranges of any rank's
-    part into a local buffer. Without MPI it is a private array and ``get`` copies from
-    it. Synchronisation is the caller's: write your part, :meth:`sync`, then tell the
-    others (a collective); stop reading before telling a writer it may overwrite.
+    ``array`` is this rank's local memory. :meth:`get` copies byte ranges of any rank's
+    part into a local buffer: from ranks of the same (physical) node by a plain copy out
+    of a node shared-memory window (``Win.Allocate_shared``, what a DeepIO server does
+    with its node's memory), from other nodes by ``MPI_Get`` on a window over the same
+    memory (``Win.Create``: RDMA reads on a real interconnect). Without MPI it is a
+    private array. Synchronisation is the caller's: write your part, :meth:`sync`, then
+    tell the others (a collective); stop reading before telling a writer it may
+    overwrite.
     """
 
-    def __init__(self, array: np.ndarray, win: Any = None, rank: int = 0) -> None:
+    def __init__(
+        self,
+        array: np.ndarray,
+        win: Any = None,
+        rank: int = 0,
+        *,
+        shared_win: Any = None,
+        shared_comm: Any = None,
+        peers: dict[int, np.ndarray] | None = None,
+    ) -> None:
         self.array = array
         self._win = win
+        self._swin = shared_win
+        self._scomm = shared_comm
         self._rank = rank
-        if win is not None:
-            win.Lock_all(_mpi().MODE_NOCHECK)
+        self._peers = peers if peers is not None else {rank: array}
+        for w in (win, shared_win):
+            if w is not None:
+                w.Lock_all(_mpi().MODE_NOCHECK)
 
     def sync(self) -> None:
-        """Make this rank's stores to its part visible to the others' ``Get``."""
-        if self._win is not None:
-            self._win.Sync()
+        """Memory barrier: this rank's stores become visible to its peers, and theirs
+        (announced by a collective) to this rank."""
+        for w in (self._win, self._swin):
+            if w is not None:
+                w.Sync()
 
     def get(
         self,
@@ -159,41 +178,88 @@ class RmaArray:
         lengths: np.ndarray,
         out: np.ndarray,
         dest: np.ndarray,
-    ) -> int:
+    ) -> tuple[int, int]:
         """Copy ``lengths[i]`` bytes at ``disps[i]`` of rank ``owners[i]``'s part into
-        ``out[dest[i]:]``; returns the bytes that came from other ranks. Reads of this
-        rank's part are plain copies; the others are ``MPI_Get``, completed by one flush.
+        ``out[dest[i]:]``. Returns (bytes copied from other ranks of this node, bytes
+        read from other nodes). One ``MPI_Get`` per rank of another node, its scattered
+        records described by two indexed datatypes, all completed by one flush.
         """
-        remote = 0
-        mine = self.array
-        win = self._win
-        BYTE = _mpi().BYTE if win is not None else None
-        for o, d, n, t in zip(
-            owners.tolist(), disps.tolist(), lengths.tolist(), dest.tolist(), strict=True
-        ):
-            if n == 0:
-                continue
-            if o == self._rank or win is None:
-                out[t : t + n] = mine[d : d + n]
-            else:
-                win.Get([out[t : t + n], n, BYTE], o, (d, n, BYTE))
-                remote += n
-        if remote:
-            win.Flush_all()
-        return remote
+        owners = np.asarray(owners)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        disps = np.asarray(disps, dtype=np.int64)
+        dest = np.asarray(dest, dtype=np.int64)
+        order = np.argsort(owners, kind="stable")
+        cuts = np.flatnonzero(np.diff(owners[order])) + 1
+        types: list[Any] = []
+        node_bytes = remote = 0
+        try:
+            for sel in np.split(order, cuts):
+                if len(sel) == 0:
+                    continue
+                o = int(owners[sel[0]])
+                ln = lengths[sel]
+                src = self._peers.get(o) if self._win is not None else self.array
+                if src is not None:
+                    _copy_records(src, disps[sel], ln, out, dest[sel])
+                    if o != self._rank:
+                        node_bytes += int(ln.sum())
+                    continue
+                keep = ln > 0
+                sel, ln = sel[keep], ln[keep]
+                if len(sel) == 0:
+                    continue
+                MPI = _mpi()
+                blocks = ln.astype(np.int32).tolist()
+                tt = MPI.BYTE.Create_hindexed(blocks, disps[sel].tolist()).Commit()
+                ot = MPI.BYTE.Create_hindexed(blocks, dest[sel].tolist()).Commit()
+                types += [tt, ot]
+                self._win.Get([out, 1, ot], o, (0, 1, tt))
+                remote += int(ln.sum())
+            if remote:
+                self._win.Flush_all()
+        finally:
+            for t in types:
+                t.Free()
+        return node_bytes, remote
 
     def free(self) -> None:
-        """Release the window (collective over its communicator)."""
+        """Release the windows (collective over the store's communicator)."""
         if self._win is not None:
             self.array = np.zeros(0, dtype=np.uint8)
+            self._peers = {}
             self._win.Unlock_all()
             self._win.Free()
             self._win = None
+            if self._swin is not None:
+                self._swin.Unlock_all()
+                self._swin.Free()
+                self._swin = None
+            if self._scomm is not None:
+                self._scomm.Free()
+                self._scomm = None
 
     def abandon(self) -> None:
-        """Drop the handle without the collective free (kept until the process exits)."""
+        """Drop the handles without the collective free (kept until the process exits)."""
         self.array = np.zeros(0, dtype=np.uint8)
-        self._win = None
+        self._peers = {}
+        self._win = self._swin = self._scomm = None
+
+
+def _copy_records(
+    src: np.ndarray, disps: np.ndarray, lengths: np.ndarray, out: np.ndarray, dest: np.ndarray
+) -> None:
+    """``out[dest[i]:+lengths[i]] = src[disps[i]:+lengths[i]]`` (one vectorised copy when
+    the records have one length and land on multiples of it)."""
+    n = len(disps)
+    if n == 0:
+        return
+    L = int(lengths[0])
+    if L > 0 and bool((lengths == L).all()) and bool((dest % L == 0).all()):
+        rows = np.lib.stride_tricks.sliding_window_view(src[: int(disps.max()) + L], L)
+        out[: (int(dest.max()) // L + 1) * L].reshape(-1, L)[dest // L] = rows[disps]
+        return
+    for d, ln, t in zip(disps.tolist(), lengths.tolist(), dest.tolist(), strict=True):
+        out[t : t + ln] = src[d : d + ln]
 
 
 class Token:
@@ -459,15 +525,31 @@ class World:
         return NodeArray(arr, win, owner)
 
     def rma_array(self, nbytes: int, comm: Any = None) -> RmaArray:
-        """Allocate *nbytes* on every rank in one window (``Win.Allocate``), collective
-        over *comm* (default: the World's). Without MPI this is a private array."""
+        """Allocate *nbytes* on every rank for a job-wide store, collective over *comm*
+        (default: the World's): node shared memory (``Win.Allocate_shared`` over the
+        physical node), also exposed to every rank by ``Win.Create``. Without MPI this
+        is a private array."""
         comm = comm if comm is not None else self.comm
         nbytes = int(nbytes)
         if comm is None:
             return RmaArray(np.zeros(nbytes, dtype=np.uint8))
-        win = _mpi().Win.Allocate(max(nbytes, 1), 1, comm=comm)
-        arr = np.frombuffer(win.tomemory(), dtype=np.uint8, count=nbytes)
-        return RmaArray(arr, win, comm.Get_rank())
+        MPI = _mpi()
+        me = comm.Get_rank()
+        scomm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
+        if self.emulated:  # an emulated node shares memory; the others are "remote"
+            node = scomm.Split(color=self.node, key=me)
+            scomm.Free()
+            scomm = node
+        swin = MPI.Win.Allocate_shared(max(nbytes, 1), 1, comm=scomm)
+        mem, _ = swin.Shared_query(scomm.Get_rank())
+        win = MPI.Win.Create(mem, 1, comm=comm)
+        ranks = scomm.Get_group().Translate_ranks(list(range(scomm.Get_size())), comm.Get_group())
+        peers = {}
+        for j, g in enumerate(ranks):
+            buf, _ = swin.Shared_query(j)
+            peers[int(g)] = np.frombuffer(buf, dtype=np.uint8)
+        arr = peers[me][:nbytes]
+        return RmaArray(arr, win, me, shared_win=swin, shared_comm=scomm, peers=peers)
 
     # ----------------------------------------------------------------- tokens
     def token(self, info) -> Token:

@@ -129,11 +129,19 @@ class StoreSource(Source):
         self._pending: Any = None  # a collective in flight when a get() was stopped
         self._loading: list[Any] | None = None  # [round, stage, code, error] of a load
         self._placed: Any = None  # the resident key owner/disp describe
+        self._ids: Any = None  # this rank's ids in the pass, and per-step offsets
+        self._offs: Any = None
         self._serve: threading.Thread | None = None
         self._serve_error: BaseException | None = None
         self._step = 0
         self._done_pass = True
-        self._st = {"rma_bytes": 0, "local_bytes": 0, "rounds_loaded": 0, "store_bytes": 0}
+        self._st = {
+            "rma_bytes": 0,
+            "node_bytes": 0,
+            "local_bytes": 0,
+            "rounds_loaded": 0,
+            "store_bytes": 0,
+        }
         self._pause = defaults.get("poll_sleep_us") * 1e-6
 
     # ---------------------------------------------------------------- sizing
@@ -286,6 +294,7 @@ class StoreSource(Source):
         else:
             self._hi, self._done_pass = rounds.last, True
         self._step = first_step
+        self._ids = self._offs = None
         self._plan = plan
 
     def _allocate(self, slot: int, nslots: int) -> None:
@@ -312,7 +321,10 @@ class StoreSource(Source):
         if self._hi >= _FAILED:
             raise FeedlineError("the in-memory store failed earlier in this pass")
         self._ensure(step)
-        ids = self._plan.samples(self._me, step)
+        if self._ids is None:  # this rank's whole pass at once: O(N/P), vectorised
+            self._ids, self._offs = self._plan.rank_samples(self._me)
+        i = step - self._plan.first_step
+        ids = self._ids[self._offs[i] : self._offs[i + 1]]
         self._step = step + 1
         if step + 1 >= self._plan.num_steps:
             self._done_pass = True
@@ -322,9 +334,10 @@ class StoreSource(Source):
         dest = np.zeros(len(ids), dtype=np.int64)
         np.cumsum(lengths[:-1], out=dest[1:])
         out = np.empty(int(lengths.sum()), dtype=np.uint8)
-        remote = self._rma.get(self._owner[ids], self._disp[ids], lengths, out, dest)
+        node, remote = self._rma.get(self._owner[ids], self._disp[ids], lengths, out, dest)
         self._st["rma_bytes"] += remote
-        self._st["local_bytes"] += int(out.size) - remote
+        self._st["node_bytes"] += node
+        self._st["local_bytes"] += int(out.size) - remote - node
         return RawBatch(ids, out, lengths)
 
     def finish(self) -> None:
