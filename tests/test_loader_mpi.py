@@ -15,7 +15,7 @@ from feedline.make import generate
 
 pytestmark = pytest.mark.mpi
 HERE = os.path.dirname(__file__)
-PRESETS = "feedline,tf,tf-pre,async,async-db"
+PRESETS = "feedline,tf,tf-pre,async,async-db,deepio-ordered,deepio-opportunistic"
 FORMATS = {
     "cifar10-large": {"samples": 90},
     "imagenet": {"samples": 12, "image_size": 16},
@@ -78,7 +78,11 @@ def test_four_ranks_every_format_every_preset(made, tmp_path):
     check_once(res, 4)
     # presets sharing an assignment deliver identical bytes, rank by rank
     for path in made.values():
-        for a, b in (("tf", "tf-pre"), ("async", "async-db")):
+        for a, b in (
+            ("tf", "tf-pre"),
+            ("async", "async-db"),
+            ("deepio-ordered", "deepio-opportunistic"),
+        ):
             assert res[f"{path}|{a}"]["ranks"] == res[f"{path}|{b}"]["ranks"]
 
 
