@@ -1,7 +1,9 @@
 """Seconds per epoch of Loader presets under mpiexec, page cache emptied before every
 epoch (docs/loader.md, "The DeepIO store").
 
-    mpiexec -n 4 python dev/epoch_times.py DATASET PRESET[:SOURCE],... [EPOCHS]
+    mpiexec -n 4 python dev/epoch_times.py DATASET PRESET[:SOURCE][@R],... [EPOCHS [MS]]
+
+(R: DeepIO's memory_fraction; MS: a sleep per step standing in for compute.)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from feedline import Loader, open_dataset
 comm = MPI.COMM_WORLD
 path, presets = sys.argv[1], sys.argv[2].split(",")
 epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+compute_s = float(sys.argv[4]) / 1e3 if len(sys.argv) > 4 else 0.0
 ds = open_dataset(path, comm=comm)
 
 
@@ -31,21 +34,25 @@ def evict() -> None:
 
 
 for spec in presets:
-    preset, _, source = spec.partition(":")
-    kw = {"source": source} if source else {}
+    head, _, frac = spec.partition("@")
+    preset, _, source = head.partition(":")
+    kw: dict = {"source": source} if source else {}
+    if frac:
+        kw["memory_fraction"] = float(frac)
     with Loader(ds, 1024, preset=preset, decode=False, **kw) as ld:
         times = []
         for _ in range(epochs):
             evict()
             t = time.perf_counter()
             for _b in ld:
-                pass
+                if compute_s:
+                    time.sleep(compute_s)
             comm.Barrier()
             times.append(time.perf_counter() - t)
         st = ld.stats()
     if comm.Get_rank() == 0:
         print(
             f"{spec:28s} seconds per epoch: " + " ".join(f"{x:.2f}" for x in times),
-            f"| rank 0 read {st['storage_bytes'] / 1e6:.0f} MB",
+            f"| rank 0 read {st['storage_bytes'] / 1e6:.0f} MB, waited {st['exposed_io_s']:.2f} s",
             flush=True,
         )

@@ -137,3 +137,23 @@ def test_store_resume_at_every_step_is_bit_exact(cifar, R):
         with Loader(ds, 64, preset="deepio-opportunistic", **kw) as again:
             again.load_state_dict(state)
             assert _same(_epoch(again), full[k:]), k
+
+
+@pytest.mark.parametrize(
+    ("n", "R", "B"), [(10_000, 0.25, 128), (1_000, 0.1, 7), (64 * 11 + 5, 0.3, 50)]
+)
+def test_round_ids_are_the_rounds_positions(n, R, B):
+    # the store lists a round's ids from its units; they are the ids at its positions
+    from feedline.pipeline.store import _Rounds
+    from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
+
+    strat = get_strategy("deepio-ordered", memory_fraction=R)
+    plan = make_plan(FlatRecords(n, 100), WorldSpec(3, 1), strat, 4, 1, B)
+    rounds = _Rounds(plan)
+    assert rounds.count > 1
+    seen = []
+    for r in range(rounds.count):
+        want = np.sort(plan.ids_at(np.arange(rounds.lo[r], rounds.hi[r])))
+        assert np.array_equal(rounds.ids(r), want)
+        seen.append(want)
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(n))

@@ -11,11 +11,12 @@ not communicated: every rank derives the same partition from the plan.
 
 The window holds ``slots`` rounds (one when the whole dataset is one round; else the
 most rounds a step spans, at least two: DeepIO's double buffering of the hybrid
-backend-memory pipeline, so the store holds 2R of the dataset when R < 1). With one round of everything the store is loaded once
-and kept: later epochs read nothing from storage. With several rounds, a step that needs
-a round not yet resident loads it into the slot of the oldest round, between two small
-collectives on the store's own communicator (everyone is done with the round being
-overwritten; everyone has loaded the new one). Those collectives carry errors: a rank
+backend-memory pipeline, so the store holds 2R of the dataset when R < 1). With one
+round of everything the store is loaded once and kept: later epochs read nothing from
+storage. With several rounds, the next round starts loading into the slot of the oldest
+as soon as no step needs that one any more, and is waited for at the first step needing
+it; two small collectives on the store's own communicator bracket each load (everyone
+is done with the round being overwritten; everyone has loaded the new one). Those collectives carry errors: a rank
 that cannot load its share makes every rank raise at the same step (the failing rank its
 own typed error, the others :class:`StorePeerFailed`).
 
@@ -28,6 +29,7 @@ its ``close()``, waits for it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -77,14 +79,38 @@ class _Rounds:
         span = int((self.step_max - self.step_min).max()) + 1 if len(steps) else 1
         self.last = int(self.step_max.max()) if len(steps) else -1  # last round needed
         self.slots = 1 if self.whole else max(2, span)
+        self._cache: dict[int, np.ndarray] = {}
         self._plan = plan
 
     def ids(self, r: int) -> np.ndarray:
-        """The round's sample ids, sorted (its positions are ``[lo, hi)``)."""
+        """The round's sample ids, sorted (its positions are ``[lo, hi)``): the units
+        (groups of g contiguous samples) of its slots, so one permutation per unit, not
+        per sample."""
         if self.whole:
             return np.arange(self._plan.n, dtype=np.int64)
-        pos = np.arange(self.lo[r], self.hi[r], dtype=np.int64)
-        return np.sort(self._plan._stream.take(pos))
+        cached = self._cache.get(r)
+        if cached is not None:
+            return cached
+        stream = self._plan._stream
+        slots = stream.slots
+        lo = r * stream.per_round
+        hi = min(lo + stream.per_round, slots.groups)
+        groups = np.sort(slots.group_at(np.arange(lo, hi, dtype=np.int64)))
+        sizes = slots.size_of_group(groups).astype(np.int64)
+        starts = groups * stream.g
+        ends = np.cumsum(sizes)
+        ids = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+        ids += np.repeat(starts - (ends - sizes), sizes)
+        self._cache = {r: ids}  # the last round asked for (begin, then complete)
+        return ids
+
+
+def _code_of(e: BaseException) -> int:
+    if isinstance(e, StorageError):
+        return _STORAGE
+    if isinstance(e, CorruptDataError):
+        return _CORRUPT
+    return _OTHER
 
 
 def _share(ids: np.ndarray, P: int, k: int) -> np.ndarray:
@@ -127,7 +153,7 @@ class StoreSource(Source):
         self._hi = -1  # highest round loaded in this pass
         self._stop = threading.Event()
         self._pending: Any = None  # a collective in flight when a get() was stopped
-        self._loading: list[Any] | None = None  # [round, stage, code, error] of a load
+        self._next: list[Any] | None = None  # [round, stage, code, error, future]
         self._placed: Any = None  # the resident key owner/disp describe
         self._ids: Any = None  # this rank's ids in the pass, and per-step offsets
         self._offs: Any = None
@@ -193,70 +219,104 @@ class StoreSource(Source):
         self._placed = None
         self._hi = _FAILED
 
-    def _load(self, r: int) -> None:
-        """Load round *r* (this rank's share) into its slot, between two collectives.
+    # Every round is loaded by: C1 (a collective: nobody reads the round its slot holds
+    # any more, and is anyone still here?), an asynchronous read of this rank's share,
+    # and C2 (a collective: everyone has it, or someone failed). C1 comes as early as
+    # the slot is free, C2 when the first step needing the round comes, so the read
+    # overlaps the steps in between (DeepIO's hybrid backend-memory pipeline). Every rank
+    # runs the same C1(k), C2(k), C1(k+1), ... sequence at the same steps: the decisions
+    # depend only on the plan and the step.
 
-        Resumable: a ``get`` stopped inside a collective leaves the stage behind, and the
-        serve thread goes on from there (the collectives must match the others' one to
-        one).
-        """
+    def _may_begin(self, step: int) -> bool:
+        """True when round hi+1 may start loading at *step* (its slot is free)."""
         assert self._rounds is not None
-        rounds = self._rounds
+        r = self._hi + 1
+        return (
+            self._next is None
+            and r <= self._rounds.last
+            and r - self._nslots < int(self._rounds.step_min[step])
+        )
+
+    def _load_key(self, r: int) -> Any:
+        assert self._rounds is not None
+        return ("all",) if self._rounds.whole else (self._pass, r)
+
+    def _begin(self, r: int) -> None:
+        """C1, then submit this rank's share of round *r* (resumable at C1)."""
+        st = self._next if self._next is not None and self._next[0] == r else None
+        if st is None:
+            st = self._next = [r, 0, _OK, None, None]
+        if st[1] == 0:
+            codes = self._collective(_LEFT if self._departed else _OK)
+            if self._comm is not None and bool((codes == _LEFT).all()):
+                self._next = None
+                self._abandon_pass()  # every rank left: nobody needs the rest
+                raise SourceStopped
+            slot = r % self._nslots
+            self._resident[slot] = None
+            try:
+                st[4] = self._submit_share(self._rounds.ids(r), slot)
+            except Exception as e:
+                st[2], st[3] = _code_of(e), e
+            st[1] = 1
+
+    def _complete(self, r: int) -> None:
+        """Round *r* resident on every rank: wait for the share, then C2."""
+        assert self._rounds is not None
         slot = r % self._nslots
-        key = ("all",) if rounds.whole else (self._pass, r)
-        if self._resident[slot] == key:  # R = 1: loaded in an earlier pass, kept
+        key = self._load_key(r)
+        if self._next is None and self._resident[slot] == key:
+            # R = 1: loaded in an earlier pass and kept
             if self._placed != key:
-                self._place(rounds.ids(r), slot)
+                self._place(self._rounds.ids(r), slot)
                 self._placed = key
             self._hi = r
             return
-        st = self._loading if self._loading is not None and self._loading[0] == r else None
-        if st is None:
-            st = self._loading = [r, 0, _OK, None]
-        if st[1] == 0:
-            # 1. nobody reads the round this slot holds any more (and: is anyone here?)
-            codes = self._collective(_LEFT if self._departed else _OK)
-            st[1] = 1
-            if self._comm is not None and bool((codes == _LEFT).all()):
-                self._loading = None
-                self._abandon_pass()
-                raise SourceStopped
+        self._begin(r)
+        st = self._next
+        assert st is not None and st[0] == r
         if st[1] == 1:
-            try:
-                self._read_share(rounds.ids(r), slot)
-            except StorageError as e:
-                st[2], st[3] = _STORAGE, e
-            except CorruptDataError as e:
-                st[2], st[3] = _CORRUPT, e
-            except Exception as e:
-                st[2], st[3] = _OTHER, e
+            fut, st[4] = st[4], None
+            if fut is not None and st[3] is None:
+                try:
+                    fut.result()
+                except Exception as e:
+                    st[2], st[3] = _code_of(e), e
             self._resident[slot] = None if st[3] is not None else key
             if self._rma is not None:
                 self._rma.sync()
             st[1] = 2
-        # 2. everyone has loaded round r (or one failed: everyone raises)
         codes = self._collective(st[2])
-        self._loading = None
+        self._next = None
         if st[3] is not None:
             self._invalidate()
             raise st[3]
         self._check(codes, f"round {r}")
-        self._place(rounds.ids(r), slot)
+        if self._rma is not None:
+            self._rma.sync()
+        self._place(self._rounds.ids(r), slot)
         self._placed = key
         self._hi = r
         self._st["rounds_loaded"] += 1
 
-    def _read_share(self, ids: np.ndarray, slot: int) -> None:
+    def _drain(self) -> None:
+        """Wait for a share read in flight (its buffer must not be reused under it)."""
+        st, self._next = self._next, None
+        if st is not None and st[4] is not None:
+            with contextlib.suppress(Exception):
+                st[4].result()
+
+    def _submit_share(self, ids: np.ndarray, slot: int) -> Any:
+        """Start reading this rank's share of a round into *slot*; a future or None."""
         mine = _share(ids, self._P, self._me)
         if len(mine) == 0:
-            return
+            return None
         c = coalesce(self._fid[mine], self._off[mine], self._len[mine], gap=0)
         base = slot * self._slot_bytes
         if c.reads.nbytes > self._slot_bytes:  # pragma: no cover - sized from the index
             raise FeedlineError("store slot overflow: the share outgrew its bound")
         assert self._reader is not None
-        buf = self._rma.array[base : base + self._slot_bytes]
-        self._reader.read(c.reads, buf)
+        return self._reader.submit(c.reads, self._rma.array[base : base + self._slot_bytes])
 
     def _place(self, ids: np.ndarray, slot: int) -> None:
         """Where every sample of a round lies: owner rank and displacement in its part."""
@@ -287,7 +347,8 @@ class StoreSource(Source):
             )
         self._rounds = rounds
         self._pass += 1
-        self._loading = self._pending = None
+        self._drain()
+        self._pending = None
         if first_step < plan.num_steps:
             self._hi = int(rounds.step_min[first_step]) - 1
             self._done_pass = False
@@ -315,7 +376,9 @@ class StoreSource(Source):
         assert self._rounds is not None
         need = int(self._rounds.step_max[step])
         while self._hi < need:
-            self._load(self._hi + 1)
+            self._complete(self._hi + 1)
+        if self._may_begin(step):  # the next round loads while this one is served
+            self._begin(self._hi + 1)
 
     def get(self, step: int) -> RawBatch:
         if self._hi >= _FAILED:
@@ -353,9 +416,10 @@ class StoreSource(Source):
             return
         self._done_pass = True
         if self._hi >= _FAILED or self._comm is None or self._P == 1:
-            self._loading = self._pending = None
+            self._drain()
+            self._pending = None
             return
-        if self._hi >= self._rounds.last and self._loading is None:
+        if self._hi >= self._rounds.last and self._next is None:
             return
         self._stop.clear()
         self._serve = threading.Thread(
@@ -367,7 +431,7 @@ class StoreSource(Source):
         assert self._rounds is not None
         try:
             while self._hi < self._rounds.last:
-                self._load(self._hi + 1)
+                self._complete(self._hi + 1)
         except SourceStopped:
             pass
         except BaseException as e:  # the pass it served is over; the next one reloads
@@ -432,7 +496,9 @@ class StoreSource(Source):
     def close(self) -> None:
         try:
             self.stop()
-            if self._wait_serve(STALL_S):
+            ok = self._wait_serve(STALL_S)
+            self._drain()
+            if ok:
                 self._free_window()
             elif self._rma is not None:  # peers that need our shares are not progressing
                 self._rma.abandon()
