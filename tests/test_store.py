@@ -91,6 +91,22 @@ def test_store_that_does_not_fit_is_refused_with_the_knob_to_turn(cifar):
     Loader(ds, 32, preset="deepio-ordered", memory_fraction=0.1, memory_cap="2MB").close()
 
 
+def test_circular_last_step_wraps_with_r1_and_is_refused_below(cifar):
+    # 700 samples, B=64: the last step takes 36 samples from the start of the order
+    ds = open_dataset(cifar)
+    kw = {"seed": 4, "decode": False, "circular": True}
+    with (
+        Loader(ds, 64, preset="deepio-ordered", **kw) as st,
+        Loader(ds, 64, preset="deepio-ordered", source="direct", **kw) as ref,
+    ):
+        got = _epoch(st)
+        assert _same(got, _epoch(ref))
+        assert sum(len(g[0]) for g in got) == 11 * 64
+        assert st.stats()["rounds_loaded"] == 1  # the wrapped samples are in the one round
+    with pytest.raises(ConfigError, match="circular"):
+        Loader(ds, 64, preset="deepio-ordered", memory_fraction=0.25, **kw)
+
+
 def _mpi(n, *args, timeout=300, nodes=0):
     env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1")
     env.pop("FEEDLINE_NODES", None)
@@ -113,6 +129,17 @@ def test_store_under_mpiexec(cifar, n, nodes):
     # 4 ranks on 2 emulated nodes: samples of the other node come by MPI_Get
     out = _mpi(n, cifar, "check", nodes=nodes)
     assert out.count("STORE-OK") == n, out
+
+
+@pytest.mark.parametrize("mode", ["slow-peers", "late-close", "out-of-step", "interrupted"])
+def test_store_ranks_out_of_sync(cifar, mode):
+    # slow-peers: a rank that left waits in close() while the others take their time
+    # (no give-up on a timer); late-close: a rank closing after the grace period makes
+    # every rank keep the window, nobody hangs; out-of-step: ranks in different epochs
+    # raise StoreOutOfStepError together; interrupted: Ctrl-C in close() makes the others
+    # raise StorePeerLeft at their next round
+    out = _mpi(3, cifar, mode, timeout=120)
+    assert out.count(f"STORE-{mode.upper()}-OK") == 3, out
 
 
 def test_store_load_error_reaches_every_rank(tmp_path):

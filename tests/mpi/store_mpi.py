@@ -2,21 +2,27 @@
 presets) delivers what every rank reading for itself delivers, keeps R = 1 in memory
 across epochs, survives ranks leaving a pass early, resumes, and shares load errors.
 
-    store_mpi.py DATASET_DIR MODE      MODE: check | error
-Prints STORE-OK / STORE-ERROR-OK once per rank.
+    store_mpi.py DATASET_DIR MODE
+    MODE: check | error | slow-peers | late-close | out-of-step | interrupted
+Prints STORE-OK / STORE-<MODE>-OK once per rank.
 """
 
 from __future__ import annotations
 
+import _thread
 import json
+import logging
 import os
 import sys
+import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
 
 from feedline import FeedlineError, Loader, StorageError, open_dataset
-from feedline.pipeline.store import StorePeerFailed
+from feedline.pipeline import store
+from feedline.pipeline.store import StoreOutOfStepError, StorePeerFailed, StorePeerLeft
 
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()
@@ -92,6 +98,90 @@ if mode == "check":
             again.load_state_dict(state)
             assert batches(again) == rest, f"{preset}: resume differs"
     print(f"STORE-OK rank {rank}", flush=True)
+elif mode == "slow-peers":
+    # rank 0 leaves after one step and closes; the others need its shares of the rounds
+    # left and take 0.15 s a step: close() waits for them (and says so) instead of
+    # giving up on a timer
+    store.STALL_S = 0.5
+    warned = []
+    logging.getLogger("feedline.store").addHandler(
+        type("H", (logging.Handler,), {"emit": lambda self, r: warned.append(r.getMessage())})()
+    )
+    kw = {"memory_fraction": 0.25, "seed": 7, "decode": False}
+    with Loader(ds, B, preset="deepio-ordered", source="direct", **kw) as ref:
+        want = batches(ref)
+    ld = Loader(ds, B, preset="deepio-ordered", **kw)
+    got = []
+    for b in ld:
+        got.append((b.ids.tolist(), bytes(np.ascontiguousarray(b.data).tobytes())))
+        if rank == 0:
+            break
+        time.sleep(0.15)
+    t0 = time.monotonic()
+    ld.close()
+    waited = time.monotonic() - t0
+    assert got == want[: len(got)] and (rank == 0 or got == want)
+    if rank == 0:
+        assert waited > 1.0 and warned and "waits until the other ranks" in warned[0], (
+            waited,
+            warned,
+        )
+    assert not ld._source._kept  # every rank closed within the grace: the window freed
+    print(f"STORE-SLOW-PEERS-OK rank {rank} waited {waited:.1f}s", flush=True)
+elif mode == "late-close":
+    # rank 1 closes long after the grace period: every rank keeps the window (one
+    # atomic vote), nobody hangs in the collective free
+    store.CLOSE_GRACE_S = 0.5
+    ld = Loader(ds, B, preset="deepio-ordered", seed=2, decode=False)
+    assert sum(len(b.ids) for b in ld) > 0
+    if rank == 1:
+        time.sleep(2.5)
+    ld.close()
+    kept = comm.allgather(ld._source._kept)
+    assert kept == [True] * P, kept
+    print(f"STORE-LATE-CLOSE-OK rank {rank}", flush=True)
+elif mode == "out-of-step":
+    # rank 0 iterates epoch 1 while the others iterate epoch 0: every rank raises
+    kw = {"memory_fraction": 0.25, "seed": 7, "decode": False}
+    with Loader(ds, B, preset="deepio-ordered", **kw) as ld:
+        ld.set_epoch(1 if rank == 0 else 0)
+        try:
+            batches(ld)
+        except StoreOutOfStepError as e:
+            assert "not in the same pass" in str(e), e
+        else:
+            raise AssertionError("no StoreOutOfStepError")
+        ld.set_epoch(3)  # back in step: the next pass is whole
+        got = batches(ld)
+        once(got)
+    print(f"STORE-OUT-OF-STEP-OK rank {rank}", flush=True)
+elif mode == "interrupted":
+    # rank 0 leaves after one step; Ctrl-C while its close() waits for the slow others:
+    # they raise StorePeerLeft together at their next round instead of hanging
+    kw = {"memory_fraction": 0.25, "seed": 7, "decode": False}
+    ld = Loader(ds, B, preset="deepio-ordered", **kw)
+    if rank == 0:
+        for _b in ld:
+            break
+        threading.Timer(0.5, _thread.interrupt_main).start()
+        try:
+            ld.close()
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("close() was not interrupted")
+        assert ld._source._gave_up
+        print(f"STORE-INTERRUPTED-OK rank {rank}", flush=True)
+    else:
+        try:
+            for _b in ld:
+                time.sleep(0.2)
+        except StorePeerLeft as e:
+            assert "rank 0" in str(e), e
+            print(f"STORE-INTERRUPTED-OK rank {rank}", flush=True)
+        else:
+            raise AssertionError("no StorePeerLeft")
+        ld.close()
 else:
     _ = ds.index
     comm.Barrier()

@@ -153,8 +153,10 @@ class RmaArray:
         shared_win: Any = None,
         shared_comm: Any = None,
         peers: dict[int, np.ndarray] | None = None,
+        vote: FreeVote | None = None,
     ) -> None:
         self.array = array
+        self._vote = vote
         self._win = win
         self._swin = shared_win
         self._scomm = shared_comm
@@ -237,12 +239,91 @@ class RmaArray:
             if self._scomm is not None:
                 self._scomm.Free()
                 self._scomm = None
+        if self._vote is not None:
+            self._vote.free()
+            self._vote = None
 
     def abandon(self) -> None:
         """Drop the handles without the collective free (kept until the process exits)."""
         self.array = np.zeros(0, dtype=np.uint8)
         self._peers = {}
-        self._win = self._swin = self._scomm = None
+        self._win = self._swin = self._scomm = self._vote = None
+
+    def release(self, grace_s: float, pause: float = 1e-3, *, give_up: bool = False) -> bool:
+        """Free the windows if every rank releases within *grace_s* of the first (see
+        :class:`FreeVote`), else keep them until exit; True when freed. ``give_up``
+        votes for keeping them at once (for a rank that leaves while others need it)."""
+        if self._win is None:
+            return True
+        if self._vote is None or self._vote.decide(grace_s, pause, give_up=give_up):
+            self.free()
+            return True
+        self.abandon()
+        return False
+
+
+class FreeVote:
+    """Whether the ranks of a communicator free a collective object together or keep it.
+
+    Freeing a window is collective: a rank that frees while another never will hangs.
+    Each rank counts itself in on one int64 held by rank 0 (``MPI_Compare_and_swap``);
+    when the count reaches P everyone frees. A rank that has waited *grace_s* swaps the
+    count for ``LEAK`` instead, atomically, so the ranks see one outcome: every rank that
+    saw P frees, every other one (those waiting, and late ones) keeps the object until
+    exit. Without MPI, or once MPI is finalized, the vote is trivially "free"/"keep".
+    """
+
+    LEAK = -1
+
+    def __init__(self, world: World, comm: Any) -> None:
+        MPI = _mpi()
+        self._size = comm.Get_size()
+        me = comm.Get_rank()
+        self._win = MPI.Win.Allocate(8 if me == 0 else 0, 8, comm=comm)
+        if me == 0:
+            np.frombuffer(self._win.tomemory(), dtype=np.int64)[0] = 0
+        world.barrier(comm)  # nobody votes before rank 0 zeroed the count
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+
+    def _cas(self, compare: int, value: int) -> int:
+        o = np.array([value], dtype=np.int64)
+        c = np.array([compare], dtype=np.int64)
+        r = np.zeros(1, dtype=np.int64)
+        self._win.Compare_and_swap(o, c, r, 0, 0)
+        self._win.Flush(0)
+        return int(r[0])
+
+    def decide(self, grace_s: float, pause: float = 1e-3, *, give_up: bool = False) -> bool:
+        """Vote; True means every rank frees (call the collective free now)."""
+        if self._win is None or _mpi().Is_finalized():
+            return False
+        while True:  # count this rank in, unless someone gave up
+            c = self._cas(-2, -2)  # -2 never occurs: an atomic read
+            if c == self.LEAK:
+                return False
+            if give_up:
+                if self._cas(c, self.LEAK) == c:
+                    return False
+                continue
+            if self._cas(c, c + 1) == c:
+                break
+        deadline = time.monotonic() + grace_s
+        while True:
+            c = self._cas(-2, -2)
+            if c == self._size:
+                return True
+            if c == self.LEAK:
+                return False
+            if time.monotonic() > deadline and self._cas(c, self.LEAK) == c:
+                return False
+            time.sleep(max(pause, 1e-3))
+
+    def free(self) -> None:
+        """Free the counter's window (collective; after a vote that said free)."""
+        if self._win is not None:
+            self._win.Unlock_all()
+            self._win.Free()
+            self._win = None
 
 
 def _copy_records(
@@ -543,13 +624,19 @@ class World:
         swin = MPI.Win.Allocate_shared(max(nbytes, 1), 1, comm=scomm)
         mem, _ = swin.Shared_query(scomm.Get_rank())
         win = MPI.Win.Create(mem, 1, comm=comm)
-        ranks = scomm.Get_group().Translate_ranks(list(range(scomm.Get_size())), comm.Get_group())
+        sgroup, group = scomm.Get_group(), comm.Get_group()
+        try:
+            ranks = sgroup.Translate_ranks(list(range(scomm.Get_size())), group)
+        finally:
+            sgroup.Free()
+            group.Free()
         peers = {}
         for j, g in enumerate(ranks):
             buf, _ = swin.Shared_query(j)
             peers[int(g)] = np.frombuffer(buf, dtype=np.uint8)
         arr = peers[me][:nbytes]
-        return RmaArray(arr, win, me, shared_win=swin, shared_comm=scomm, peers=peers)
+        vote = FreeVote(self, comm)
+        return RmaArray(arr, win, me, shared_win=swin, shared_comm=scomm, peers=peers, vote=vote)
 
     # ----------------------------------------------------------------- tokens
     def token(self, info) -> Token:

@@ -20,16 +20,25 @@ is done with the round being overwritten; everyone has loaded the new one). Thos
 that cannot load its share makes every rank raise at the same step (the failing rank its
 own typed error, the others :class:`StorePeerFailed`).
 
+Each collective also carries a digest of the pass and the transition (pass number,
+epoch, seed, first step, round): ranks iterating different passes raise
+:class:`StoreOutOfStepError` together instead of serving each other the wrong bytes.
+
 A rank that leaves a pass early (``break``, an exception, ``close()``) still owes the
 others its shares of the rounds left in that pass: a background thread
 (``feedline-r*-store-serve``) takes part in the remaining transitions — unless every
 rank has left, which the first collective tells everyone — and the rank's next pass, or
-its ``close()``, waits for it.
+its ``close()``, waits for it, however long the others take (its memory holds their
+samples). Interrupted there (Ctrl-C), it tells the others by one last collective, and
+they raise :class:`StorePeerLeft` together at their next round.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
+import logging
 import threading
 import time
 from typing import Any
@@ -42,15 +51,54 @@ from .reader import ExtentReader, coalesce
 from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
 
 CLOSE_GRACE_S = 5.0
-STALL_S = 10.0
+STALL_S = 10.0  # close() says it is waiting for the others after this long
+_log = logging.getLogger("feedline.store")
 _FAILED = 1 << 62
 
-_OK, _LEFT, _STORAGE, _CORRUPT, _OTHER = 0, 1, 2, 3, 4
+_OK, _LEFT, _STORAGE, _CORRUPT, _OTHER, _GONE = 0, 1, 2, 3, 4, 5
 _CODE_NAMES = {_STORAGE: "StorageError", _CORRUPT: "CorruptDataError", _OTHER: "an error"}
+
+
+_ORPHANS: list[Any] = []  # collectives of stores that gave up: (request, buffers...)
+_FLUSH_S = 60.0
+
+
+def _flush_orphans() -> None:
+    """At exit, before MPI is finalized: complete the collectives a store that gave up
+    posted (they complete when the other ranks reach them; this rank must progress them
+    or the others wait forever)."""
+    from mpi4py import MPI
+
+    deadline = time.monotonic() + _FLUSH_S
+    while _ORPHANS and not MPI.Is_finalized() and time.monotonic() < deadline:
+        if _ORPHANS[0][0].Test():
+            _ORPHANS.pop(0)
+        else:
+            time.sleep(1e-3)
+
+
+def _register_orphan_flush() -> None:
+    global _flush_registered
+    if not _flush_registered:
+        # registered after mpi4py's own MPI_Finalize hook: runs before it
+        atexit.register(_flush_orphans)
+        _flush_registered = True
+
+
+_flush_registered = False
 
 
 class StorePeerFailed(FeedlineError):
     """Another rank could not load its share of a round into the in-memory store."""
+
+
+class StorePeerLeft(FeedlineError):
+    """Another rank stopped serving its shares of the store (interrupted in ``close()``)."""
+
+
+class StoreOutOfStepError(FeedlineError):
+    """The ranks iterate different passes of the store (epochs, seeds, steps, or one
+    rank's extra ``iter()``): every rank must run the same passes."""
 
 
 class _Rounds:
@@ -74,6 +122,14 @@ class _Rounds:
         first = steps * B
         last = np.minimum(first + B, plan.total) - 1
         last = np.maximum(last, first)
+        if plan.total > plan.n:  # circular: the last step wraps to the start of the order
+            if not self.whole:
+                raise ConfigError(
+                    "the DeepIO store cannot wrap the last step to the first round "
+                    "(circular=True) when memory_fraction < 1: its slot holds another "
+                    "round by then; use memory_fraction=1, drop_last=True or circular=False"
+                )
+            first, last = np.minimum(first, plan.n - 1), np.minimum(last, plan.n - 1)
         self.step_min = np.searchsorted(self.hi, first, side="right")
         self.step_max = np.searchsorted(self.hi, last, side="right")
         span = int((self.step_max - self.step_min).max()) + 1 if len(steps) else 1
@@ -132,6 +188,15 @@ class StoreSource(Source):
                 "the DeepIO store (source='store') needs an MPI world: launch with mpiexec/srun"
             )
         self._world = w
+        if ctx.size > 1:
+            from mpi4py import MPI
+
+            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+                raise ConfigError(
+                    "the DeepIO store (source='store') needs MPI initialised with "
+                    "MPI_THREAD_MULTIPLE (a rank that leaves a pass serves the others from "
+                    "a thread): leave mpi4py.rc.thread_level at its default 'multiple'"
+                )
         self._comm = w.comm.Dup() if w is not None and w.comm is not None else None
         self._P = ctx.size
         self._me = ctx.rank
@@ -159,6 +224,8 @@ class StoreSource(Source):
         self._offs: Any = None
         self._serve: threading.Thread | None = None
         self._serve_error: BaseException | None = None
+        self._gave_up = False  # this rank stopped serving mid-pass: the store is unusable
+        self._kept = False  # a window was kept (not freed) at a vote: keep the comm too
         self._step = 0
         self._done_pass = True
         self._st = {
@@ -188,13 +255,22 @@ class StoreSource(Source):
         return slot * nslots
 
     # -------------------------------------------------------------- protocol
-    def _collective(self, code: int) -> np.ndarray:
-        """Every rank's code (an ``Iallgather``, polled; stoppable by :meth:`request_stop`)."""
+    def _key(self, r: int, stage: int) -> int:
+        """A 62-bit digest of this rank's pass and transition (equal on every rank in step)."""
+        p = self._plan
+        h = hashlib.blake2b(digest_size=8)
+        what = (self._pass, p.epoch, p.seed, p.first_step, p.num_steps, p.total, r, stage)
+        h.update(repr(what).encode())
+        return int.from_bytes(h.digest(), "little") >> 2
+
+    def _collective(self, code: int, key: int) -> np.ndarray:
+        """Every rank's (code, key) (an ``Iallgather``, polled; stoppable by
+        :meth:`request_stop`): a (P, 2) array."""
         if self._comm is None or self._P == 1:
-            return np.array([code], dtype=np.int64)
+            return np.array([[code, key]], dtype=np.int64)
         if self._pending is None:
-            out = np.zeros(self._P, dtype=np.int64)
-            req = self._comm.Iallgather(np.array([code], dtype=np.int64), out)
+            out = np.zeros((self._P, 2), dtype=np.int64)
+            req = self._comm.Iallgather(np.array([code, key], dtype=np.int64), out)
             self._pending = (req, out)
         req, out = self._pending
         while not req.Test():
@@ -204,14 +280,32 @@ class StoreSource(Source):
         self._pending = None
         return out
 
-    def _check(self, codes: np.ndarray, what: str) -> None:
-        bad = [(r, int(c)) for r, c in enumerate(codes.tolist()) if c >= _STORAGE]
+    def _check(self, got: np.ndarray, what: str) -> None:
+        """Raise on every rank alike (they all see the same array): a rank gone, a rank
+        that failed to load, or ranks in different passes."""
+        codes, keys = got[:, 0].tolist(), got[:, 1]
+        gone = [r for r, c in enumerate(codes) if c == _GONE]
+        if gone:
+            self._invalidate()
+            raise StorePeerLeft(
+                f"rank {gone[0]} stopped serving its shares of the in-memory store before "
+                f"{what} (interrupted while closing its Loader)"
+            )
+        bad = [(r, c) for r, c in enumerate(codes) if c >= _STORAGE]
         if bad:
             self._invalidate()
             r, c = bad[0]
             raise StorePeerFailed(
                 f"rank {r} could not load its share of {what} into the in-memory store "
                 f"({_CODE_NAMES.get(c, 'an error')} on that rank; see its output)"
+            )
+        if (keys != keys[0]).any():
+            self._invalidate()
+            odd = np.flatnonzero(keys != keys[0]).tolist()
+            raise StoreOutOfStepError(
+                f"ranks {odd} are not in the same pass of the in-memory store as rank 0 at "
+                f"{what}: every rank must iterate the same epochs, seeds and steps "
+                "(the same set_epoch/load_state_dict calls and as many iter() calls)"
             )
 
     def _invalidate(self) -> None:
@@ -247,11 +341,16 @@ class StoreSource(Source):
         if st is None:
             st = self._next = [r, 0, _OK, None, None]
         if st[1] == 0:
-            codes = self._collective(_LEFT if self._departed else _OK)
-            if self._comm is not None and bool((codes == _LEFT).all()):
+            got = self._collective(_LEFT if self._departed else _OK, self._key(r, 1))
+            if self._comm is not None and bool((got[:, 0] == _LEFT).all()):
                 self._next = None
                 self._abandon_pass()  # every rank left: nobody needs the rest
                 raise SourceStopped
+            try:
+                self._check(got, f"loading round {r}")
+            except FeedlineError:
+                self._next = None
+                raise
             slot = r % self._nslots
             self._resident[slot] = None
             try:
@@ -276,22 +375,23 @@ class StoreSource(Source):
         st = self._next
         assert st is not None and st[0] == r
         if st[1] == 1:
-            fut, st[4] = st[4], None
+            fut = st[4]
             if fut is not None and st[3] is None:
                 try:
-                    fut.result()
+                    fut.result()  # a stop here leaves the future to _drain
                 except Exception as e:
                     st[2], st[3] = _code_of(e), e
+            st[4] = None
             self._resident[slot] = None if st[3] is not None else key
             if self._rma is not None:
                 self._rma.sync()
             st[1] = 2
-        codes = self._collective(st[2])
+        got = self._collective(st[2], self._key(r, 2))
         self._next = None
         if st[3] is not None:
             self._invalidate()
             raise st[3]
-        self._check(codes, f"round {r}")
+        self._check(got, f"round {r}")
         if self._rma is not None:
             self._rma.sync()
         self._place(self._rounds.ids(r), slot)
@@ -337,7 +437,14 @@ class StoreSource(Source):
     def start(self, plan, first_step: int) -> None:
         self.stop()
         self._wait_serve()
+        if self._gave_up:
+            raise FeedlineError(
+                "this Loader's in-memory store was abandoned (interrupted while serving "
+                "the other ranks): create a new Loader on every rank"
+            )
         self._stop.clear()
+        self._drain()  # no read may still land in a window about to be replaced
+        self._pending = None
         rounds, slot, nslots = self._sizing(plan)
         if self._rma is None or slot > self._slot_bytes or nslots > self._nslots:
             self._allocate(slot, nslots)
@@ -347,8 +454,6 @@ class StoreSource(Source):
             )
         self._rounds = rounds
         self._pass += 1
-        self._drain()
-        self._pending = None
         if first_step < plan.num_steps:
             self._hi = int(rounds.step_min[first_step]) - 1
             self._done_pass = False
@@ -441,25 +546,57 @@ class StoreSource(Source):
         assert self._rounds is not None
         self._hi = self._rounds.last
 
-    def _wait_serve(self, stall_s: float | None = None) -> bool:
-        """Join the serve thread; with *stall_s*, give up after that long without a
-        round loaded (returns False: the others stopped making progress)."""
+    def _wait_serve(self) -> None:
+        """Join the serve thread, however long the others take to pass the rounds this
+        rank holds (saying so after ``STALL_S``). Interrupted (Ctrl-C), stop serving and
+        tell the others (:meth:`_give_up`)."""
         t = self._serve
         if t is None:
-            return True
-        last, t_last = self._hi, time.monotonic()
-        while t.is_alive():
-            t.join(0.05)
-            if self._hi != last:
-                last, t_last = self._hi, time.monotonic()
-            elif stall_s is not None and time.monotonic() - t_last > stall_s:
-                self._stop.set()
-                t.join()
-                self._serve = None
-                return False
+            return
+        t0, told = time.monotonic(), False
+        try:
+            while t.is_alive():
+                t.join(0.05)
+                if not told and time.monotonic() - t0 > STALL_S:
+                    told = True
+                    assert self._rounds is not None
+                    _log.warning(
+                        "feedline: rank %d waits until the other ranks pass the rounds of "
+                        "the in-memory store it holds (%d of %d rounds left in this pass); "
+                        "they need its memory",
+                        self._me,
+                        max(0, self._rounds.last - self._hi),
+                        self._rounds.count,
+                    )
+        except BaseException:
+            self._stop.set()
+            t.join()
+            self._serve = None
+            self._give_up()
+            self._drain()
+            raise
         self._serve = None
         self._serve_error = None
-        return True
+
+    def _give_up(self) -> None:
+        """Leave for good while others may still need this rank: one last collective
+        with code GONE makes them raise :class:`StorePeerLeft` together at their next
+        transition; the window is kept until exit (reads of it may still be under way)."""
+        self._gave_up = True
+        self._invalidate()
+        if self._comm is None or self._P == 1:
+            return
+        from mpi4py import MPI
+
+        if MPI.Is_finalized():
+            return
+        msg = np.array([_GONE, 0], dtype=np.int64)
+        out = np.zeros((self._P, 2), dtype=np.int64)
+        if self._pending is not None:  # the serve thread's collective, still in flight
+            _ORPHANS.append(self._pending)
+            self._pending = None
+        _ORPHANS.append((self._comm.Iallgather(msg, out), msg, out))
+        _register_orphan_flush()
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> dict[str, Any]:
@@ -473,6 +610,8 @@ class StoreSource(Source):
         return st
 
     def _free_window(self) -> None:
+        """Free the window with the others (a vote: all within ``CLOSE_GRACE_S``), or
+        keep it until exit."""
         rma, self._rma = self._rma, None
         if rma is None:
             return
@@ -484,25 +623,21 @@ class StoreSource(Source):
         if MPI.Is_finalized():
             rma.abandon()
             return
-        req = self._comm.Ibarrier()
-        deadline = time.monotonic() + CLOSE_GRACE_S
-        while not req.Test():
-            if time.monotonic() > deadline:
-                rma.abandon()  # a peer is not closing with us: keep it until exit
-                return
-            time.sleep(max(self._pause, 1e-3))
-        rma.free()
+        if not rma.release(CLOSE_GRACE_S, max(self._pause, 1e-3), give_up=self._gave_up):
+            self._kept = True
 
     def close(self) -> None:
         try:
             self.stop()
-            ok = self._wait_serve(STALL_S)
+            self._wait_serve()
             self._drain()
-            if ok:
-                self._free_window()
-            elif self._rma is not None:  # peers that need our shares are not progressing
-                self._rma.abandon()
-                self._rma = None
+            self._free_window()
+            if self._comm is not None and not self._kept and not self._gave_up:
+                from mpi4py import MPI
+
+                if not MPI.Is_finalized():
+                    self._comm.Free()
+                self._comm = None
         finally:
             if self._reader is not None:
                 self._reader.close()
