@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import os
 import resource
+import sys
 import threading
 import time
 import weakref
@@ -598,9 +599,14 @@ class _Epoch:
 
 
 def _close_all() -> None:  # at interpreter exit: never leave reader threads behind
-    for loader in list(_LIVE):
-        with contextlib.suppress(Exception):
-            loader.close()
+    try:
+        for loader in list(_LIVE):
+            with contextlib.suppress(Exception):
+                loader.close()
+    finally:  # a store that gave up (Ctrl-C) still owes its peers one collective
+        store = sys.modules.get("feedline.pipeline.store")
+        if store is not None:
+            store.flush_orphans()
 
 
 import atexit  # noqa: E402

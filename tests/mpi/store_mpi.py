@@ -156,8 +156,9 @@ elif mode == "out-of-step":
         once(got)
     print(f"STORE-OUT-OF-STEP-OK rank {rank}", flush=True)
 elif mode == "interrupted":
-    # rank 0 leaves after one step; Ctrl-C while its close() waits for the slow others:
-    # they raise StorePeerLeft together at their next round instead of hanging
+    # rank 0 leaves after one step; Ctrl-C while its close() waits for the others: they
+    # raise StorePeerLeft together at their next round instead of hanging (rank 2, which
+    # iterates slowly), or at their next pass (rank 1, which left after one step too)
     kw = {"memory_fraction": 0.25, "seed": 7, "decode": False}
     ld = Loader(ds, B, preset="deepio-ordered", **kw)
     if rank == 0:
@@ -174,10 +175,21 @@ elif mode == "interrupted":
         print(f"STORE-INTERRUPTED-OK rank {rank}", flush=True)
     else:
         try:
+            if rank == 1:
+                for _b in ld:
+                    break
+                time.sleep(1.0)
+                ld.set_epoch(1)
             for _b in ld:
                 time.sleep(0.2)
         except StorePeerLeft as e:
             assert "rank 0" in str(e), e
+            try:  # for good: no later pass either
+                next(iter(ld))
+            except StorePeerLeft:
+                pass
+            else:
+                raise AssertionError("a later pass ran without rank 0") from e
             print(f"STORE-INTERRUPTED-OK rank {rank}", flush=True)
         else:
             raise AssertionError("no StorePeerLeft")

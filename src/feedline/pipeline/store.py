@@ -35,7 +35,6 @@ they raise :class:`StorePeerLeft` together at their next round.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import logging
@@ -60,13 +59,16 @@ _CODE_NAMES = {_STORAGE: "StorageError", _CORRUPT: "CorruptDataError", _OTHER: "
 
 
 _ORPHANS: list[Any] = []  # collectives of stores that gave up: (request, buffers...)
-_FLUSH_S = 60.0
+_FLUSH_S = 20.0
 
 
-def _flush_orphans() -> None:
-    """At exit, before MPI is finalized: complete the collectives a store that gave up
+def flush_orphans() -> None:
+    """At exit (the Loader's exit hook, after closing every Loader; before mpi4py
+    finalizes MPI): complete the collectives a store that gave up
     posted (they complete when the other ranks reach them; this rank must progress them
     or the others wait forever)."""
+    if not _ORPHANS:
+        return
     from mpi4py import MPI
 
     deadline = time.monotonic() + _FLUSH_S
@@ -75,17 +77,6 @@ def _flush_orphans() -> None:
             _ORPHANS.pop(0)
         else:
             time.sleep(1e-3)
-
-
-def _register_orphan_flush() -> None:
-    global _flush_registered
-    if not _flush_registered:
-        # registered after mpi4py's own MPI_Finalize hook: runs before it
-        atexit.register(_flush_orphans)
-        _flush_registered = True
-
-
-_flush_registered = False
 
 
 class StorePeerFailed(FeedlineError):
@@ -225,6 +216,8 @@ class StoreSource(Source):
         self._serve: threading.Thread | None = None
         self._serve_error: BaseException | None = None
         self._gave_up = False  # this rank stopped serving mid-pass: the store is unusable
+        self._peer_gone: str | None = None  # another rank did (told by a collective)
+        self._lock = threading.Lock()  # get() vs stop() from another thread (inline runs)
         self._kept = False  # a window was kept (not freed) at a vote: keep the comm too
         self._step = 0
         self._done_pass = True
@@ -287,10 +280,12 @@ class StoreSource(Source):
         gone = [r for r, c in enumerate(codes) if c == _GONE]
         if gone:
             self._invalidate()
-            raise StorePeerLeft(
+            # for good: that rank takes part in no later pass
+            self._peer_gone = (
                 f"rank {gone[0]} stopped serving its shares of the in-memory store before "
                 f"{what} (interrupted while closing its Loader)"
             )
+            raise StorePeerLeft(self._peer_gone)
         bad = [(r, c) for r, c in enumerate(codes) if c >= _STORAGE]
         if bad:
             self._invalidate()
@@ -351,13 +346,15 @@ class StoreSource(Source):
             except FeedlineError:
                 self._next = None
                 raise
+            st[1] = 1  # C1 is done: whatever happens below, C2 comes next
             slot = r % self._nslots
             self._resident[slot] = None
             try:
                 st[4] = self._submit_share(self._rounds.ids(r), slot)
-            except Exception as e:
+            except BaseException as e:  # C2 tells the others (even of a Ctrl-C here)
                 st[2], st[3] = _code_of(e), e
-            st[1] = 1
+                if not isinstance(e, Exception):
+                    raise
 
     def _complete(self, r: int) -> None:
         """Round *r* resident on every rank: wait for the share, then C2."""
@@ -442,6 +439,8 @@ class StoreSource(Source):
                 "this Loader's in-memory store was abandoned (interrupted while serving "
                 "the other ranks): create a new Loader on every rank"
             )
+        if self._peer_gone is not None:
+            raise StorePeerLeft(self._peer_gone + "; create a new Loader on every rank")
         self._stop.clear()
         self._drain()  # no read may still land in a window about to be replaced
         self._pending = None
@@ -465,7 +464,10 @@ class StoreSource(Source):
 
     def _allocate(self, slot: int, nslots: int) -> None:
         if self._rma is not None:
-            self._free_window()
+            # every rank regrows at the same pass (the sizes depend on the plan only) and
+            # allocates collectively next: a plain collective free, no vote
+            rma, self._rma = self._rma, None
+            rma.free()
         w = self._world
         if w is not None and self._comm is not None:
             self._rma = w.rma_array(slot * nslots, comm=self._comm)
@@ -486,6 +488,10 @@ class StoreSource(Source):
             self._begin(self._hi + 1)
 
     def get(self, step: int) -> RawBatch:
+        with self._lock:
+            return self._get(step)
+
+    def _get(self, step: int) -> RawBatch:
         if self._hi >= _FAILED:
             raise FeedlineError("the in-memory store failed earlier in this pass")
         self._ensure(step)
@@ -517,6 +523,10 @@ class StoreSource(Source):
 
     def stop(self) -> None:
         """Leave the pass; the rounds it still owes the others are served in background."""
+        with self._lock:  # a get() in another thread returns first (request_stop wakes it)
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
         if self._rounds is None or self._done_pass:
             return
         self._done_pass = True
@@ -574,6 +584,8 @@ class StoreSource(Source):
             self._serve = None
             self._give_up()
             self._drain()
+            with contextlib.suppress(Exception):
+                self._free_window()  # votes "keep" at once: the peers need not wait
             raise
         self._serve = None
         self._serve_error = None
@@ -596,7 +608,6 @@ class StoreSource(Source):
             _ORPHANS.append(self._pending)
             self._pending = None
         _ORPHANS.append((self._comm.Iallgather(msg, out), msg, out))
-        _register_orphan_flush()
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> dict[str, Any]:
