@@ -14,7 +14,6 @@ SCENARIOS = {
     "lmdbio": ("feedline.bench.lmdbio", "LMDBIO microbenchmark (§5.1): every preset, cold cache"),
     "async": ("feedline.bench.async_bench", "asynchronous-I/O paper Tables II-V, buffer sweep"),
     "shuffle": ("feedline.bench.shuffle", "shuffle quality: RL and accuracy of a small CNN"),
-    "deepio": ("feedline.bench.deepio", "DeepIO in-memory store vs file-system reads"),
     "overhead": ("feedline.bench.overhead", "Loader CPU overhead per sample vs PyTorch DataLoader"),
     "readers": ("feedline.bench.readers", "pread vs mmap vs per-sample reads (LMDBIO Fig. 8)"),
 }
