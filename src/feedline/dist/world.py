@@ -255,6 +255,9 @@ class RmaArray:
         votes for keeping them at once (for a rank that leaves while others need it)."""
         if self._win is None:
             return True
+        if _mpi().Is_finalized():
+            self.abandon()
+            return False
         if self._vote is None or self._vote.decide(grace_s, pause, give_up=give_up):
             self.free()
             return True
@@ -266,46 +269,50 @@ class FreeVote:
     """Whether the ranks of a communicator free a collective object together or keep it.
 
     Freeing a window is collective: a rank that frees while another never will hangs.
-    Each rank counts itself in on one int64 held by rank 0 (``MPI_Compare_and_swap``);
-    when the count reaches P everyone frees. A rank that has waited *grace_s* swaps the
-    count for ``LEAK`` instead, atomically, so the ranks see one outcome: every rank that
-    saw P frees, every other one (those waiting, and late ones) keeps the object until
-    exit. Without MPI, or once MPI is finalized, the vote is trivially "free"/"keep".
+    Each rank counts itself in on one shared int64 by compare-and-swap (*cas*: a word of
+    node shared memory, or one held by rank 0 — :meth:`on_rank0`); when the count
+    reaches *size* everyone frees. A rank that has waited *grace_s* swaps the count for
+    ``LEAK`` instead, atomically, so the ranks see one outcome: every rank that saw
+    *size* frees, every other one (those waiting, and late ones) keeps the object until
+    exit.
     """
 
     LEAK = -1
 
-    def __init__(self, world: World, comm: Any) -> None:
-        MPI = _mpi()
-        self._size = comm.Get_size()
-        me = comm.Get_rank()
-        self._win = MPI.Win.Allocate(8 if me == 0 else 0, 8, comm=comm)
-        if me == 0:
-            np.frombuffer(self._win.tomemory(), dtype=np.int64)[0] = 0
-        world.barrier(comm)  # nobody votes before rank 0 zeroed the count
-        self._win.Lock_all(MPI.MODE_NOCHECK)
+    def __init__(self, cas: Callable[[int, int], int], size: int, win: Any = None) -> None:
+        self._cas, self._size, self._win = cas, size, win
 
-    def _cas(self, compare: int, value: int) -> int:
-        o = np.array([value], dtype=np.int64)
-        c = np.array([compare], dtype=np.int64)
-        r = np.zeros(1, dtype=np.int64)
-        self._win.Compare_and_swap(o, c, r, 0, 0)
-        self._win.Flush(0)
-        return int(r[0])
+    @classmethod
+    def on_rank0(cls, world: World, comm: Any) -> FreeVote:
+        """A vote whose count is an int64 in a window on rank 0 of *comm* (collective)."""
+        MPI = _mpi()
+        me = comm.Get_rank()
+        win = MPI.Win.Allocate(8 if me == 0 else 0, 8, comm=comm)
+        if me == 0:
+            np.frombuffer(win.tomemory(), dtype=np.int64)[0] = 0
+        world.barrier(comm)  # nobody votes before rank 0 zeroed the count
+        win.Lock_all(MPI.MODE_NOCHECK)
+
+        def cas(compare: int, value: int) -> int:
+            o = np.array([value], dtype=np.int64)
+            c = np.array([compare], dtype=np.int64)
+            r = np.zeros(1, dtype=np.int64)
+            win.Compare_and_swap(o, c, r, 0, 0)
+            win.Flush(0)
+            return int(r[0])
+
+        return cls(cas, comm.Get_size(), win)
 
     def decide(self, grace_s: float, pause: float = 1e-3, *, give_up: bool = False) -> bool:
-        """Vote; True means every rank frees (call the collective free now)."""
-        if self._win is None or _mpi().Is_finalized():
-            return False
+        """Vote; True means every rank frees (call the collective free now). ``give_up``
+        votes "keep" at once."""
         while True:  # count this rank in, unless someone gave up
             c = self._cas(-2, -2)  # -2 never occurs: an atomic read
             if c == self.LEAK:
                 return False
-            if give_up:
-                if self._cas(c, self.LEAK) == c:
+            if self._cas(c, self.LEAK if give_up else c + 1) == c:
+                if give_up:
                     return False
-                continue
-            if self._cas(c, c + 1) == c:
                 break
         deadline = time.monotonic() + grace_s
         while True:
@@ -319,7 +326,7 @@ class FreeVote:
             time.sleep(max(pause, 1e-3))
 
     def free(self) -> None:
-        """Free the counter's window (collective; after a vote that said free)."""
+        """Free the count's window, if it has one (collective; after a vote that said free)."""
         if self._win is not None:
             self._win.Unlock_all()
             self._win.Free()
@@ -635,7 +642,7 @@ class World:
             buf, _ = swin.Shared_query(j)
             peers[int(g)] = np.frombuffer(buf, dtype=np.uint8)
         arr = peers[me][:nbytes]
-        vote = FreeVote(self, comm)
+        vote = FreeVote.on_rank0(self, comm)
         return RmaArray(arr, win, me, shared_win=swin, shared_comm=scomm, peers=peers, vote=vote)
 
     # ----------------------------------------------------------------- tokens

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .. import defaults
+from ..dist.world import FreeVote
 from ..errors import FeedlineError
 from .reader import ExtentReader, ReadList, gather
 from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
@@ -99,7 +100,6 @@ CLOSE_GRACE_S = 5.0
 _C = 1 << 32  # pos/ready/fail words: pass * _C + count
 _DEPARTED = _C - 1  # count meaning "released every window of the pass"
 _CLOSED = (1 << 62) - 1  # pos of a rank whose Loader is closed
-_LEAK = -1  # close counter: some rank gave up freeing the window
 _ERR_BYTES = 8192  # per reader: length + pickled failure
 _HEAD = 8  # words before the per-rank words (word 0: close counter)
 
@@ -492,27 +492,11 @@ class NodeWindowSource(Source):
         """Free the window if every rank of the node closes within the grace period."""
         shm, self._shm = self._shm, None
         self._publish_closed(shm)
-        n = self._n
-        while True:  # count this rank in, unless a rank gave up
-            c = shm.compare_and_swap(0, -2, -2)
-            if c == _LEAK:
-                shm.abandon()
-                return
-            if shm.compare_and_swap(0, c, c + 1) == c:
-                break
-        deadline = time.monotonic() + CLOSE_GRACE_S
-        while True:
-            c = shm.compare_and_swap(0, -2, -2)
-            if c == n:
-                shm.free()  # collective: every rank of the node is here or on its way
-                return
-            if c == _LEAK:
-                shm.abandon()
-                return
-            if time.monotonic() > deadline and shm.compare_and_swap(0, c, _LEAK) == c:
-                shm.abandon()  # the others will abandon it too
-                return
-            time.sleep(max(self._pause, 1e-3))
+        vote = FreeVote(lambda c, v: shm.compare_and_swap(0, c, v), self._n)  # word 0
+        if vote.decide(CLOSE_GRACE_S, self._pause):
+            shm.free()  # collective: every rank of the node is here or on its way
+        else:
+            shm.abandon()  # the others will abandon it too
 
     def _publish_closed(self, shm) -> None:
         shm.sync()

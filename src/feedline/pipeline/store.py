@@ -214,7 +214,6 @@ class StoreSource(Source):
         self._ids: Any = None  # this rank's ids in the pass, and per-step offsets
         self._offs: Any = None
         self._serve: threading.Thread | None = None
-        self._serve_error: BaseException | None = None
         self._gave_up = False  # this rank stopped serving mid-pass: the store is unusable
         self._peer_gone: str | None = None  # another rank did (told by a collective)
         self._lock = threading.Lock()  # get() vs stop() from another thread (inline runs)
@@ -544,13 +543,11 @@ class StoreSource(Source):
 
     def _serve_rest(self) -> None:
         assert self._rounds is not None
-        try:
+        # stopped, or failed: the pass it served is over and the next one reloads (a peer
+        # gone is remembered by _check and refuses the next pass)
+        with contextlib.suppress(BaseException):
             while self._hi < self._rounds.last:
                 self._complete(self._hi + 1)
-        except SourceStopped:
-            pass
-        except BaseException as e:  # the pass it served is over; the next one reloads
-            self._serve_error = e
 
     def _abandon_pass(self) -> None:
         assert self._rounds is not None
@@ -588,7 +585,6 @@ class StoreSource(Source):
                 self._free_window()  # votes "keep" at once: the peers need not wait
             raise
         self._serve = None
-        self._serve_error = None
 
     def _give_up(self) -> None:
         """Leave for good while others may still need this rank: one last collective
@@ -628,11 +624,6 @@ class StoreSource(Source):
             return
         if self._comm is None or self._P == 1:
             rma.free()
-            return
-        from mpi4py import MPI
-
-        if MPI.Is_finalized():
-            rma.abandon()
             return
         if not rma.release(CLOSE_GRACE_S, max(self._pause, 1e-3), give_up=self._gave_up):
             self._kept = True
