@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
+from feedline.plan import FlatRecords, Strategy, WorldSpec, get_strategy, make_plan
 from feedline.plan.assign_chunk import (
     MIN_REGIONS,
     NODE_COLUMNS,
@@ -22,6 +22,21 @@ from feedline.plan.rl import randomization_level, rl_grouped
 
 MiB = 1 << 20
 
+#: the tiled column layout (the feedline preset before the cost model; still a strategy)
+TILES = Strategy(
+    assignment="chunk",
+    chunk_layout="column",
+    chunk_bytes=2 * MiB,
+    readers_per_node=0,
+    locate="index",
+    read="odirect",
+    coalesce_bytes=8 * MiB,
+    coalesce_gap=64 << 10,
+    prefetch_depth=2,
+    io_thread=True,
+    rl_floor=0.9,
+)
+
 
 def _ops(plan):
     return [op for r in plan.readers for op in plan.reads(r)]
@@ -30,9 +45,9 @@ def _ops(plan):
 def test_feedline_reads_are_megabytes_not_groups():
     # the demo's shape: 20,000 x 3 KB records, B = 1024, 4 ranks on 2 nodes
     rec = FlatRecords(20_000, 3072)
-    tiled = make_plan(rec, WorldSpec(4, 2), "feedline", 0, 0, 1024)
+    tiled = make_plan(rec, WorldSpec(4, 2), TILES, 0, 0, 1024)
     per_column = make_plan(
-        rec, WorldSpec(4, 2), get_strategy("feedline", chunk_bytes=0), 0, 0, 1024
+        rec, WorldSpec(4, 2), get_strategy(TILES, chunk_bytes=0), 0, 0, 1024
     )
     assert isinstance(tiled._stream, TiledColumnStream)
     assert isinstance(per_column._stream, ColumnChunkStream)
@@ -60,7 +75,7 @@ def test_a_node_reads_its_share_of_a_wide_tile_once():
     # every tile spans two nodes, and each node's columns of it are whole sub-tiles, one
     # run of the file: nothing read twice
     rec = FlatRecords(50_000, 3072)
-    agg = get_strategy("feedline", readers_per_node=None)
+    agg = get_strategy(TILES, readers_per_node=None)
     tiled = make_plan(rec, WorldSpec(256, 32), agg, 0, 0, 2304)
     per_column = make_plan(
         rec, WorldSpec(256, 32), dataclasses.replace(agg, chunk_bytes=0), 0, 0, 2304
@@ -79,7 +94,7 @@ def test_per_rank_reads_of_a_wide_tile_pay_for_holes():
     # this is the cost docs/loader.md ("Why feedline reads per rank") weighs against
     # aggregation -- bounded, and still reads of hundreds of KB, not groups
     rec = FlatRecords(50_000, 3072)
-    direct = make_plan(rec, WorldSpec(256, 32), "feedline", 0, 0, 2304)
+    direct = make_plan(rec, WorldSpec(256, 32), TILES, 0, 0, 2304)
     assert direct.readers == list(range(256))
     ops = _ops(direct)
     payload, nbytes = sum(op.payload for op in ops), sum(op.nbytes for op in ops)
@@ -93,7 +108,7 @@ def test_per_rank_reads_of_a_wide_tile_pay_for_holes():
     [(20_000, 1024, 3072), (5_000, 64, 3000), (200_000, 256, 110_000), (50_000, 4096, 600)],
 )
 def test_tile_shape_meets_bytes_regions_and_rl_floor(n, B, size):
-    s = get_strategy("feedline")
+    s = get_strategy(TILES)
     S = -(-n // B)
     g, nb = tile_shape(n, s, B, S, float(size))
     m = -(-B // nb)
@@ -117,13 +132,13 @@ def test_rl_floor_grows_the_tile():
     # under 0.9 at this n, so T doubles until the floor is met
     n, B, size = 20_000, 256, 110_000
     assert rl_grouped(n, 16, local_shuffle=True) < 0.9
-    g, nb = tile_shape(n, get_strategy("feedline"), B, -(-n // B), float(size))
+    g, nb = tile_shape(n, get_strategy(TILES), B, -(-n // B), float(size))
     sub = min(-(-B // nb), SUBTILE_COLUMNS) * g
     assert sub > 16 and rl_grouped(n, sub, local_shuffle=True) >= 0.9
 
 
 def test_count_only_plans_keep_per_column_groups():
-    plan = make_plan(20_000, WorldSpec(4, 2), "feedline", 0, 0, 1024)
+    plan = make_plan(20_000, WorldSpec(4, 2), TILES, 0, 0, 1024)
     assert isinstance(plan._stream, ColumnChunkStream)
 
 
@@ -141,7 +156,7 @@ def test_count_only_plans_keep_per_column_groups():
 def test_tiles_are_exactly_once_world_independent_and_resumable(
     n, B, size, P, P2, mode, seed, data
 ):
-    s = get_strategy("feedline", chunk_bytes=data.draw(st.sampled_from([1, 4096, 4 * MiB])))
+    s = get_strategy(TILES, chunk_bytes=data.draw(st.sampled_from([1, 4096, 4 * MiB])))
     s = s.replace(circular=mode == "circular")
     rec = FlatRecords(n, size)
     drop = mode == "drop"

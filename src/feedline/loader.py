@@ -140,19 +140,24 @@ class Loader:
         self.decode = bool(decode)
         self.transform = transform
         explicit_source = options.pop("source", None)
+        profile = options.pop("profile", None)
         opts, knobs = pipeline_options(options)
         self.options: PipelineOptions = opts
         self.world: LoaderWorld = resolve_world(comm, opts.nodes)
         self._index = dataset.index
         self.n = len(self._index)
         self._source_name = source_name_for(self.preset, explicit_source)
-        # feedline reads per rank (``direct``): its byte-sized tiles already make every
-        # rank's reads long runs, and node aggregation (source="node") measured slower at
-        # every ranks-per-node tried here (docs/loader.md, "Why feedline reads per rank")
         if self._source_name == "node" and self.world.dist is None:
             raise ConfigError("source='node' needs an MPI world (launch with mpiexec)")
         self.strategy: Strategy = self._make_strategy(get_strategy(preset), knobs)
         self.memory_cap = self._resolve_cap(memory_cap)
+        #: the cost model's choice (``feedline`` preset), for stats() and explain()
+        self.choice = None
+        self._state_strategy: tuple[int, Strategy] | None = None
+        if self.strategy.auto:
+            self._choose(profile, explicit_source)
+        elif profile is not None:
+            raise ConfigError("profile= is used by the feedline preset's cost model only")
         ctx = SourceContext(
             dataset=dataset,
             rank=self.world.rank,
@@ -213,6 +218,44 @@ class Loader:
             st = st.replace(readers_per_node=None)  # LMDBIO's rule: 1 reader <= 16 ranks
         return st
 
+    def _choose(self, profile, explicit_source: str | None) -> None:
+        """Resolve the ``feedline`` preset with the cost model (plan/cost.py): who reads
+        (every rank, or one reader per node into a shared window), tiles and windows for
+        this world, dataset, memory cap and storage profile. Pure: every rank agrees."""
+        from .plan.cost import choose, get_profile
+        from .plan.records import as_records
+        from .plan.world import WorldSpec
+
+        files = list(getattr(self.dataset, "files", []) or [])
+        prof = get_profile(profile, files[0] if files else None)
+        if explicit_source in (None, "node") and self.world.dist is not None:
+            units = ("node",) if explicit_source == "node" else None
+            aggregate = True
+        else:
+            units, aggregate = ("rank",), False
+        self.choice = choose(
+            as_records(self._index),
+            WorldSpec(self.world.size, self.world.nodes),
+            self.batch_size,
+            self._read_cap(),
+            prof,
+            base=self.strategy,
+            aggregate=aggregate,
+            units=units,
+        )
+        self.strategy = self.choice.strategy
+        if explicit_source is None:
+            self._source_name = "node" if self.strategy.aggregated else "direct"
+            if self._source_name == "direct" and self.strategy.aggregated:  # pragma: no cover
+                self.strategy = self.strategy.replace(readers_per_node=0, region="rank")
+
+    def explain(self) -> str:
+        """The cost model's estimate for this Loader's plan and the runners-up
+        (``feedline`` preset; see ``feedline plan --explain``)."""
+        if self.choice is None:
+            return f"preset {self.preset!r} is fixed; no cost model ran"
+        return self.choice.explain()
+
     def _default_read(self) -> str:
         """``odirect`` when this node's files are too big for its page cache to keep
         them until the next epoch (FEEDLINE_DIRECT_ABOVE, default RAM/2): caching them
@@ -243,10 +286,13 @@ class Loader:
 
         chain = chain or [[self.world.size, self.world.nodes, 0]]
         p0, m0, _ = chain[0]
+        strategy = self.strategy
+        if self._state_strategy is not None and self._state_strategy[0] == epoch:
+            strategy = self._state_strategy[1]
         plan = make_plan(
             self._index,
             WorldSpec(p0, m0),
-            self.strategy,
+            strategy,
             self.seed,
             epoch,
             self.batch_size,
@@ -258,6 +304,10 @@ class Loader:
         here = WorldSpec(self.world.size, self.world.nodes)
         if first_step or plan.world != here:
             plan = plan.resume(first_step, here)
+        if plan.strategy != self.strategy:
+            # the epoch began under another choice of the cost model (a checkpoint from
+            # another world size or cap): its remaining order, read our way
+            plan = plan.rebase(self.strategy)
         return plan
 
     def _fixed_memory(self) -> dict[str, int]:
@@ -447,13 +497,23 @@ class Loader:
             The state is damaged, or belongs to another dataset, batch size or order.
         """
         body = _state.open_state(state)
+        theirs = None
+        if self.choice is not None and body.get("preset") == self.preset:
+            # the feedline preset: the cost model may have chosen otherwise for the world
+            # the state was taken in; that epoch's order continues under its strategy
+            from .plan.strategy import Strategy
+
+            try:
+                theirs = Strategy.from_dict(body["strategy"])
+            except (ConfigError, TypeError) as e:
+                raise StateError(f"loader state has an invalid strategy: {e}") from None
         _state.check_compatible(
             body,
             fingerprint=self.fingerprint,
             n=self.n,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
-            strategy=self.strategy.to_dict(),
+            strategy=(theirs or self.strategy).to_dict(),
         )
         steps = len(self)
         if body["step"] > steps:
@@ -473,6 +533,9 @@ class Loader:
         self._epoch = body["epoch"]
         self._step = body["step"]
         self._chain = chain
+        self._state_strategy = (
+            (body["epoch"], theirs) if theirs is not None and theirs != self.strategy else None
+        )
         self._resumed = True
 
     # ------------------------------------------------------------------ stats
@@ -517,6 +580,14 @@ class Loader:
             out["memory_estimate_bytes"] = self.memory_estimate()["total"]
         for k, v in self._source.stats().items():
             out.setdefault(k, v)
+        if self.choice is not None:
+            # which plan ran and what the cost model expected of it (per epoch, I/O-bound)
+            best = self.choice.best
+            out["plan"] = best.label()
+            out["plan_profile"] = self.choice.profile.name
+            out["plan_estimate_s"] = best.cost
+            out["plan_estimate_terms"] = dict(best.terms)
+            out["plan_requests_per_epoch"] = best.requests
         return out
 
     # -------------------------------------------------------------- lifecycle

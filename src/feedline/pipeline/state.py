@@ -30,6 +30,8 @@ ORDER_KNOBS = (
     "memory_fraction",
     "circular",
     "rl_floor",
+    "chunk_bytes",
+    "window_steps",
 )
 
 

@@ -48,6 +48,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--memory-cap", type=float, default=None, help="bytes per node (default: feedline's)"
     )
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="storage profile for the feedline preset's cost model: parallel (default for "
+        "a synthetic layout), local, memory, or a JSON file from `feedline probe --json`; "
+        "with PATH the default is the probed or typical profile of its file system",
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="print the cost model's estimate of the chosen feedline plan and the runners-up",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-' = stdout)")
@@ -99,22 +111,45 @@ def compute(args) -> dict[str, Any]:
     batch = args.batch or 2 * args.ranks
     names = list(PRESETS) if args.preset == "all" else [s.strip() for s in args.preset.split(",")]
     cap = None if args.memory_cap is None else int(args.memory_cap)
+    from .. import defaults
+    from .cost import choose, get_profile
+
+    profile = get_profile(getattr(args, "profile", None), args.path)
     rows = []
+    choice = None
     for name in names:
         t0 = time.perf_counter()
-        plan = make_plan(
-            records, world, get_strategy(name), args.seed, args.epoch, batch, memory_cap=cap
-        )
+        strategy = get_strategy(name)
+        if strategy.auto:
+            choice = choose(
+                records,
+                world,
+                batch,
+                int(defaults.get("memory_cap")) if cap is None else cap,
+                profile,
+                base=strategy,
+            )
+            strategy = choice.strategy
+        plan = make_plan(records, world, strategy, args.seed, args.epoch, batch, memory_cap=cap)
         row = plan_stats(plan, name)
         row["plan_seconds"] = time.perf_counter() - t0
+        row["requests_total"] = row["ops_per_reader"] * row["readers"]
+        row["mean_read"] = row["bytes_per_reader"] / max(row["ops_per_reader"], 1e-9)
+        if choice is not None and strategy is choice.strategy:
+            row["estimate"] = choice.best.to_dict()
         rows.append(row)
-    return {
+    out = {
         "dataset": what,
         "ranks": args.ranks,
         "nodes": args.nodes,
         "batch": batch,
+        "profile": profile.to_dict(),
         "presets": rows,
     }
+    if choice is not None:
+        out["choice"] = choice.to_dict()
+        out["_explain"] = choice.explain()
+    return out
 
 
 def run(args) -> int:
@@ -144,6 +179,10 @@ def run(args) -> int:
     )
     if len(rows) == 1:
         print(f"{rows[0]['preset']}: {PRESET_DOCS.get(rows[0]['preset'], '')}")
+    explain = out.pop("_explain", None)
+    if explain and getattr(args, "explain", False):
+        print()
+        print(explain)
     if args.json:
         text = json.dumps(out, indent=1, sort_keys=True)
         if args.json == "-":

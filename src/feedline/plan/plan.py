@@ -20,7 +20,7 @@ from .. import defaults
 from ..errors import ConfigError, StateError
 from ._perm import derive_key
 from .layout import Geometry
-from .records import Records, as_records
+from .records import CountOnly, Records, as_records
 from .strategy import Strategy, get_strategy
 from .streams import Explicit, get_assignment
 from .world import WorldSpec
@@ -209,6 +209,26 @@ class Plan:
             _layout=layout,
         )
 
+    def rebase(self, strategy: Strategy) -> Plan:
+        """The rest of this plan (from ``first_step``) delivered under *strategy*'s
+        reads: the same remaining order, as an explicit sequence (e.g. a checkpoint made
+        under another ``feedline`` choice)."""
+        rest = _Shifted(self.samples_after(self.first_step), self.first_step * self.batch_size)
+        return Plan(
+            records=self.records,
+            world=self.world,
+            strategy=strategy,
+            seed=self.seed,
+            epoch=self.epoch,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            first_step=self.first_step,
+            memory_cap=self.memory_cap,
+            _geo=self._geo,
+            _stream=rest,
+            _layout="row",
+        )
+
     # ---------------------------------------------------------------- readers
     def readers_of(self, node: int) -> list[int]:
         """Reader ranks of *node* (every rank when the strategy does not aggregate)."""
@@ -262,6 +282,8 @@ def make_plan(
     drop_last: bool = False,
     *,
     memory_cap: int | None = None,
+    profile=None,
+    aggregate: bool = True,
 ) -> Plan:
     """Plan one epoch.
 
@@ -282,6 +304,12 @@ def make_plan(
         Drop the last partial step.
     memory_cap : int, optional
         Bytes per node for read buffers; default ``feedline.defaults.get("memory_cap")``.
+    profile : StorageProfile, str or dict, optional
+        The storage the cost model plans for when the strategy is ``auto`` (the
+        ``feedline`` preset); default: the parallel-file-system profile
+        (:mod:`feedline.plan.cost`).
+    aggregate : bool
+        ``auto`` only: whether one reader per node may read for its node.
 
     Returns
     -------
@@ -298,6 +326,12 @@ def make_plan(
     cap = int(defaults.get("memory_cap") if memory_cap is None else memory_cap)
     if cap < 1:
         raise ConfigError("memory_cap must be positive")
+    if strategy.auto:
+        from .cost import choose
+
+        strategy = choose(
+            records, world, batch_size, cap, profile, base=strategy, aggregate=aggregate
+        ).strategy
     a = get_assignment(strategy.assignment)
     key = epoch_key(int(seed), int(epoch), strategy.assignment)
     n = records.n
@@ -309,6 +343,12 @@ def make_plan(
         circular=strategy.circular,
         nodes=world.nodes,
     )
+    if strategy.assignment == "window":
+        stream = _window_stream(records, world, strategy, key, geo, cap, batch_size)
+    elif a.make_geo:
+        stream = a.make_geo(n, strategy, key, geo, records)
+    else:
+        stream = a.make(n, strategy, key)
     return Plan(
         records=records,
         world=world,
@@ -320,11 +360,32 @@ def make_plan(
         first_step=0,
         memory_cap=cap,
         _geo=geo,
-        _stream=a.make_geo(n, strategy, key, geo, records)
-        if a.make_geo
-        else a.make(n, strategy, key),
+        _stream=stream,
         _layout=a.layout(strategy),
     )
+
+
+def _window_stream(records, world, strategy, key, geo, cap, batch_size):
+    """The ``window`` assignment's stream: tiles and windows sized for this job."""
+    from .assign_window import WindowStream, tile_records
+    from .cost import shape_of, window_steps_for
+
+    if strategy.circular:
+        raise ConfigError("the window assignment does not wrap (circular=False)")
+    unit = "node" if strategy.region == "node" else "rank"
+    if unit == "node" and not strategy.aggregated:
+        raise ConfigError("window with region='node' needs readers_per_node >= 1")
+    mean = records.mean_length if records.n else 1.0
+    if isinstance(records, CountOnly):
+        w = max(1, geo.steps)
+        tile = max(1, strategy.chunk or 64)
+    else:
+        if strategy.window_steps:
+            w = strategy.window_steps
+        else:
+            w = window_steps_for(shape_of(records, world, batch_size, cap), unit, strategy.window_bytes)
+        tile = tile_records(strategy, mean, records.n)
+    return WindowStream(records.n, tile, w, key, geo, unit)
 
 
 def epoch_order(

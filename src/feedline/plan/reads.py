@@ -119,6 +119,10 @@ def window_cap(plan: Plan) -> int:
 def window_steps(plan: Plan) -> int:
     """Steps per window w (same for every unit); raises when one step cannot fit."""
     s = plan.strategy
+    w_fixed = getattr(plan._stream, "w", None)
+    if s.assignment == "window" and w_fixed is not None:
+        # the window shuffle's windows are the read windows (sized by the planner)
+        return int(max(1, min(w_fixed, max(plan.num_steps, 1))))
     unit_samples, _, k, mean_unit = _unit_shape(plan)
     cap = window_cap(plan)
     worst_step = unit_samples * plan.records.max_length
@@ -166,7 +170,13 @@ def windows(plan: Plan) -> list[range]:
     if plan.num_steps <= plan.first_step:
         return []
     w = window_steps(plan)
-    return [range(a, min(a + w, plan.num_steps)) for a in range(plan.first_step, plan.num_steps, w)]
+    first = plan.first_step
+    if plan.strategy.assignment == "window" and hasattr(plan._stream, "w"):
+        # aligned to the shuffle's windows, also when resumed mid-window
+        nxt = min(-(-first // w) * w, plan.num_steps)
+        head = [range(first, nxt)] if nxt > first else []
+        return head + [range(a, min(a + w, plan.num_steps)) for a in range(nxt, plan.num_steps, w)]
+    return [range(a, min(a + w, plan.num_steps)) for a in range(first, plan.num_steps, w)]
 
 
 def _unit_positions(

@@ -122,6 +122,11 @@ def rl_of_strategy(n: int, strategy, *, tile: int | None = None) -> float:
         return rl_grouped(n, tile or chunk_size(n, s), local_shuffle=True)
     if a == "memory":
         return rl_memory(n, s.memory_fraction, unit=unit_size(n, s))
+    if a == "window":
+        # each window of *tile* samples (the plan's mean window) is shuffled completely;
+        # modelled as contiguous groups shuffled locally, a lower bound (a window holds
+        # tiles from random places)
+        return rl_grouped(n, tile or n, local_shuffle=True)
     raise ConfigError(f"no RL model for assignment {a!r}")  # pragma: no cover
 
 
@@ -171,6 +176,11 @@ def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float
     from .strategy import Strategy
 
     if isinstance(x, Plan):
+        if x.strategy.assignment == "window" and hasattr(x._stream, "window_len"):
+            wl = x._stream.window_len
+            per_unit = np.diff(x._stream.starts)
+            mean_w = float(np.minimum(wl, np.maximum(per_unit, 1)).mean()) if len(wl) else 1.0
+            return rl_of_strategy(x.n, x.strategy, tile=max(1, int(round(mean_w))))
         return rl_of_strategy(x.n, x.strategy, tile=getattr(x._stream, "tile", None))
     if isinstance(x, (Strategy, str)):
         if n is None:

@@ -20,6 +20,11 @@ from .reads import _unit_positions, window_cap, window_steps
 from .rl import randomization_level
 
 MMAP_PAGE = 4096
+#: units with more samples than this use the closed form of ``window`` plans
+EXACT_UNIT_SAMPLES = 1 << 18
+#: records looked at at each end of a tile piece for its byte range (LMDB fills a leaf
+#: from the end of the page, so offsets decrease inside a leaf of up to ~230 records)
+EDGE_RECORDS = 512
 
 
 def unit_extents(plan, unit: int) -> dict[str, np.ndarray]:
@@ -32,6 +37,14 @@ def unit_extents(plan, unit: int) -> dict[str, np.ndarray]:
     if plan.num_steps <= plan.first_step:
         z = np.zeros(0, dtype=np.int64)
         return {"key": z, "length": z, "payload": z, "k": 1}
+    if (
+        s.assignment == "window"
+        and hasattr(plan._stream, "pieces")
+        and plan.first_step == 0
+        and (not s.aggregated or len(plan.readers_of(plan.world.node_of(unit))) == 1)
+        and plan.n // max(len(plan._stream.starts) - 1, 1) > EXACT_UNIT_SAMPLES
+    ):
+        return _window_unit_extents(plan, unit)
     w = window_steps(plan)
     steps = range(plan.first_step, plan.num_steps)
     pos, step, _ = _unit_positions(plan, unit, steps)
@@ -98,6 +111,73 @@ def unit_extents(plan, unit: int) -> dict[str, np.ndarray]:
             e_key, e_len, _ = merge(gaps)
     payload = np.bincount(key, weights=ln, minlength=int(key.max()) + 1).astype(np.int64)
     return {"key": e_key, "length": e_len, "payload": payload, "k": k}
+
+
+def _payload(records, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Bytes of records ``[lo, hi)`` for each range (prefix sums of the lengths)."""
+    size = getattr(records, "size", None)
+    if isinstance(size, int):  # uniform records (FlatRecords, LmdbModel)
+        return (hi - lo) * size
+    csum = getattr(records, "_len_csum", None)
+    if csum is None:
+        lengths = getattr(records, "lengths", None)
+        if lengths is None:
+            _, _, lengths = records.extents(np.arange(records.n, dtype=np.int64))
+        csum = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+        try:
+            records._len_csum = csum
+        except (AttributeError, TypeError):  # pragma: no cover - frozen records
+            pass
+    return csum[hi] - csum[lo]
+
+
+def _piece_ranges(records, lo: np.ndarray, hi: np.ndarray):
+    """(first file, lowest offset, highest end, last file) of each record range, from
+    the ``EDGE_RECORDS`` records at each end of the range."""
+    cnt = np.minimum(hi - lo, EDGE_RECORDS)
+    head = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    tail = np.repeat(hi - cnt, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    starts = np.cumsum(cnt) - cnt
+    hf, ho, _ = records.extents(head)
+    tf, to, tl = records.extents(tail)
+    o = np.minimum.reduceat(ho, starts)
+    e = np.maximum.reduceat(to + tl, starts)
+    return hf[starts], o, e, tf[starts + cnt - 1]
+
+
+def _window_unit_extents(plan, unit: int) -> dict[str, np.ndarray]:
+    """:func:`unit_extents` of a ``window`` plan in closed form: a unit's window is a run
+    of the tile sequence, so its reads are the tile pieces it covers, merged — O(tiles)
+    instead of O(samples). Holes inside a tile (page headers) are read through, as the
+    coalescing of :func:`~feedline.plan.reads.window_ops` does."""
+    st = plan._stream
+    gap = plan.strategy.coalesce_gap
+    u = plan.world.node_of(unit) if plan.strategy.aggregated else unit
+    starts, lens = st.windows_of(u)
+    keys, lengths, payload = [], [], []
+    for i, (a, m) in enumerate(zip(starts.tolist(), lens.tolist(), strict=True)):
+        lo, hi = st.pieces(a, a + m)
+        f0, o0, end, f1 = _piece_ranges(plan.records, lo, hi)
+        order = np.lexsort((o0, f0))
+        f0, o0, end, f1 = f0[order], o0[order], end[order], f1[order]
+        # a piece spanning two files is read as two extents: count it by its first file
+        run_end = np.maximum.accumulate(end)
+        new = np.ones(len(o0), dtype=bool)
+        new[1:] = (f0[1:] != f0[:-1]) | (o0[1:] > run_end[:-1] + gap)
+        heads = np.flatnonzero(new)
+        tails = np.append(heads[1:], len(o0)) - 1
+        ext = run_end[tails] - o0[heads]
+        extra = int((f1 != f0).sum())
+        keys.append(np.full(len(ext) + extra, i, dtype=np.int64))
+        lengths.append(np.concatenate([ext, np.zeros(extra, dtype=np.int64)]))
+        payload.append(int(_payload(plan.records, lo, hi).sum()))
+    z = np.zeros(0, dtype=np.int64)
+    return {
+        "key": np.concatenate(keys) if keys else z,
+        "length": np.concatenate(lengths) if lengths else z,
+        "payload": np.asarray(payload, dtype=np.int64),
+        "k": 1,
+    }
 
 
 def _sample_units(count: int, want: int = 4) -> list[int]:

@@ -14,14 +14,14 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 
-Assignment = Literal["strided", "skip", "contiguous", "global", "chunk", "memory"]
+Assignment = Literal["strided", "skip", "contiguous", "global", "chunk", "memory", "window"]
 ChunkLayout = Literal["column", "rank"]
 Region = Literal["rank", "node"]
 Locate = Literal["seek", "speculative", "index"]
 ReadMethod = Literal["mmap", "pread", "odirect"]
 Store = Literal["off", "ordered", "opportunistic", "auto"]
 
-ASSIGNMENTS = ("strided", "skip", "contiguous", "global", "chunk", "memory")
+ASSIGNMENTS = ("strided", "skip", "contiguous", "global", "chunk", "memory", "window")
 _MiB = 1 << 20
 
 
@@ -49,9 +49,17 @@ class Strategy:
         column. Needs record lengths (ignored for plans of a bare count). See
         docs/planner.md, "Tiles".
     region : {"rank", "node"}
-        ``contiguous`` only: one region per rank (MPI-Caffe) or per node, consumed step by
-        step by the node's ranks, so that a node's future steps are one contiguous run
-        (what LMDBIO's coalesced reads need, §4.5).
+        ``contiguous`` and ``window``: one region per rank (MPI-Caffe) or per node,
+        consumed step by step by the node's ranks, so that a node's future steps are one
+        contiguous run (what LMDBIO's coalesced reads need, §4.5).
+    window_bytes : int
+        ``window``: bytes of a unit's reads shuffled together (one window); 0: as many
+        as the memory cap holds twice. ``chunk_bytes`` is then the tile size (``chunk``,
+        records per tile, wins when set).
+    window_steps : int
+        ``window``: steps per window, fixed (0: derived from ``window_bytes`` and the
+        cap). The cost model sets it, with ``chunk``, so that the order no longer depends
+        on the memory cap (a resumed job with another cap gets the same order).
     memory_fraction : float
         DeepIO's R: the fraction of the dataset held in memory per round (``memory``).
     readers_per_node : int or None
@@ -88,6 +96,10 @@ class Strategy:
         Minimum DeepIO randomization level when the chunk size is chosen automatically.
     own_lock : bool
         One LMDB lock file per process (MPI-Caffe's fix); affects liblmdb baselines only.
+    auto : bool
+        The cost model (:func:`feedline.plan.cost.choose`) picks who reads, the tile and
+        the window for the job, the dataset and the storage profile (the ``feedline``
+        preset); the plan carries the chosen strategy.
     """
 
     assignment: Assignment = "strided"
@@ -95,6 +107,8 @@ class Strategy:
     chunk_layout: ChunkLayout = "column"
     chunk_bytes: int = 0
     region: Region = "rank"
+    window_bytes: int = 0
+    window_steps: int = 0
     memory_fraction: float = 1.0
     readers_per_node: int | None = 0
     locate: Locate = "index"
@@ -109,6 +123,7 @@ class Strategy:
     circular: bool = False
     rl_floor: float = 0.0
     own_lock: bool = False
+    auto: bool = False
 
     def __post_init__(self) -> None:
         if self.assignment not in ASSIGNMENTS:
@@ -130,6 +145,8 @@ class Strategy:
         for name in (
             "chunk",
             "chunk_bytes",
+            "window_bytes",
+            "window_steps",
             "coalesce_bytes",
             "coalesce_gap",
             "stagger",
@@ -237,15 +254,15 @@ PRESETS: dict[str, Strategy] = {
     "deepio-opportunistic": Strategy(
         assignment="memory", store="opportunistic", read="pread", prefetch_depth=2
     ),
-    # The best combination measured: seek-free, coalesced direct reads of byte-sized
-    # tiles by every rank, chunk shuffle with an RL floor, double buffering. Node
-    # aggregation and staggering measured slower with tiles (docs/loader.md); they are
-    # one knob away (source="node" / readers_per_node=None, stagger=n).
+    # feedline: the cost model (plan/cost.py) picks who reads (every rank, or one reader
+    # per node into a shared window), the tile and the window for the job and storage;
+    # tiles in keyed order, each unit's windows fully shuffled, read in tile-sized
+    # extents, double buffered. These knobs are the starting point it fills in.
     "feedline": Strategy(
-        assignment="chunk",
-        chunk_layout="column",
-        chunk_bytes=2 * _MiB,
-        readers_per_node=0,
+        assignment="window",
+        region="node",
+        chunk_bytes=8 * _MiB,
+        readers_per_node=1,
         locate="index",
         read="odirect",
         coalesce_bytes=_COAL,
@@ -254,6 +271,7 @@ PRESETS: dict[str, Strategy] = {
         io_thread=True,
         store="auto",
         rl_floor=0.9,
+        auto=True,
     ),
 }
 
@@ -273,7 +291,7 @@ PRESET_DOCS: dict[str, str] = {
     "async-db": "Async-I/O paper 'Async I/O (DB)': + double buffering",
     "deepio-ordered": "DeepIO-Base: in-memory store, ordered mode",
     "deepio-opportunistic": "DeepIO-Opp: in-memory store, entropy-aware opportunistic ordering",
-    "feedline": "feedline default: chunk shuffle in 2 MiB tiles, seek-free, coalesced reads per rank, double buffering",
+    "feedline": "feedline default: large tiles in random order, each node's (or rank's) windows shuffled in memory; who reads, tile and window chosen by a cost model",
 }
 
 

@@ -73,6 +73,7 @@ def _load() -> None:
         assign_memory,
         assign_skip,
         assign_strided,
+        assign_window,
     )
 
     _LOADED = True

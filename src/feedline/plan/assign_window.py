@@ -1,0 +1,130 @@
+"""``window``: large tiles in keyed order, each unit's share shuffled window by window.
+
+The order the ``feedline`` preset plans (docs/planner.md, "The window shuffle"):
+
+1. The records are cut into *tiles* of T contiguous records (T from ``chunk_bytes`` and
+   the records' mean length); the tiles are put in keyed order. Concatenated, they form
+   a virtual sequence V of all N ids.
+2. Each *unit* — a node when the strategy aggregates (``region="node"``), else a rank —
+   owns one contiguous range of V, exactly what it consumes over the epoch (the layouts
+   ``node``/``rank`` of :mod:`feedline.plan.layout`, as for ``contiguous``).
+3. The unit's range is cut into *windows* of w steps of its consumption, and every window
+   is shuffled completely (a keyed permutation of its positions).
+
+So a unit reads each window as about K = window / tile large extents (one per tile, a
+tile cut at most at the window's two ends), a global batch draws from the current
+windows of every unit (K random places of the file each), and the delivered order is a
+pure function of (N, T, w, world, seed, epoch). It depends on P and M, like
+``contiguous``: a resume at another world size re-cuts the remaining order
+(:meth:`feedline.plan.Plan.resume`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._perm import permute, subkeys
+from .layout import _bound
+from .streams import Assignment, GroupSlots, register
+
+
+class WindowStream:
+    """Q for the ``window`` assignment (see the module docstring).
+
+    Parameters
+    ----------
+    n : int
+        Samples.
+    tile : int
+        Records per tile T.
+    window_steps : int
+        Steps per window w.
+    key : uint64
+        The epoch's key.
+    geo : Geometry
+        The epoch's geometry (B, P, M, steps, last step length).
+    unit : {"node", "rank"}
+        What owns a range of V.
+    """
+
+    def __init__(self, n: int, tile: int, window_steps: int, key, geo, unit: str) -> None:
+        self.n = n
+        self.tile = max(1, int(tile))
+        self.w = max(1, int(window_steps))
+        self.unit = unit
+        self.key = np.uint64(key)
+        self.slots = GroupSlots(n, self.tile, subkeys(self.key, np.array([1]))[0])
+        self._wkey = subkeys(self.key, np.array([2]))[0]
+        B, P, S = geo.B, geo.P, geo.steps
+        if unit == "node":
+            firsts = np.array([-(-m * P // geo.M) for m in range(geo.M + 1)], dtype=np.int64)
+        else:
+            firsts = np.arange(P + 1, dtype=np.int64)
+        # unit u owns Q positions [starts[u], starts[u+1]) (the layouts' arithmetic)
+        self.starts = (S - 1) * _bound(B, P, firsts) + _bound(geo.last, P, firsts) if S else (
+            np.zeros(len(firsts), dtype=np.int64)
+        )
+        self.starts = np.asarray(self.starts, dtype=np.int64)
+        #: samples a unit consumes per full step
+        self.per_step = np.diff(_bound(B, P, firsts)).astype(np.int64)
+        #: samples per window of each unit
+        self.window_len = np.maximum(self.per_step * self.w, 1)
+
+    def windows_of(self, u: int) -> tuple[np.ndarray, np.ndarray]:
+        """Start positions in V and lengths of unit *u*'s windows."""
+        a, b = int(self.starts[u]), int(self.starts[u + 1])
+        W = int(self.window_len[u])
+        st = np.arange(a, b, W, dtype=np.int64)
+        return st, np.minimum(W, b - st)
+
+    def pieces(self, v0: int, v1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Record ranges ``[lo, hi)`` (in V order) covering V positions ``[v0, v1)``."""
+        if v1 <= v0:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z
+        s0 = int(self.slots.locate(np.array([v0]))[0][0])
+        s1 = int(self.slots.locate(np.array([v1 - 1]))[0][0])
+        slots = np.arange(s0, s1 + 1, dtype=np.int64)
+        start = self.slots.slot_start(slots)
+        group = self.slots.group_at(slots)
+        size = self.slots.size_of_group(group)
+        lo_v = np.maximum(start, v0)
+        hi_v = np.minimum(start + size, v1)
+        lo = group * self.tile + (lo_v - start)
+        return lo, lo + (hi_v - lo_v)
+
+    def v_of(self, q: np.ndarray) -> np.ndarray:
+        """Positions in V of Q positions *q* (the window shuffle)."""
+        q = np.asarray(q, dtype=np.int64)
+        u = np.searchsorted(self.starts, q, side="right") - 1
+        local = q - self.starts[u]
+        W = self.window_len[u]
+        ws = local - local % W
+        size = np.minimum(W, self.starts[u + 1] - self.starts[u] - ws)
+        wstart = self.starts[u] + ws
+        keys = subkeys(self._wkey, wstart.astype(np.uint64))
+        return wstart + permute(local - ws, size, keys)
+
+    def take(self, q: np.ndarray) -> np.ndarray:
+        v = self.v_of(q)
+        _, group, off = self.slots.locate(v)
+        return group * self.tile + off
+
+
+def tile_records(strategy, mean_len: float | None, n: int) -> int:
+    """Records per tile: ``chunk`` if given, else ``chunk_bytes`` / mean record length."""
+    if strategy.chunk:
+        return int(min(max(strategy.chunk, 1), max(n, 1)))
+    if not mean_len or not strategy.chunk_bytes:
+        return max(1, min(n, 64))
+    return int(max(1, min(n, round(strategy.chunk_bytes / mean_len))))
+
+
+ASSIGNMENT = register(
+    Assignment(
+        name="window",
+        make=lambda n, strategy, key: WindowStream(n, max(strategy.chunk, 1), 1, key, None, "rank"),
+        layout=lambda strategy: "node" if strategy.region == "node" else "rank",
+        world_independent=lambda strategy: False,
+    )
+)

@@ -1,0 +1,564 @@
+"""The cost model and the chooser behind the ``feedline`` preset (docs/planner.md, "Cost model").
+
+``choose(records, world, batch_size, memory_cap, profile)`` estimates, for every
+candidate plan of the ``window`` assignment (who reads: every rank or one reader per
+node; tile size; window size), the epoch's I/O time on the given storage profile —
+requests x latency, bytes / bandwidth under the concurrency the plan creates, a
+contention factor when the job's streams outnumber what the servers serve well, the
+first window (exposed before the first batch), coordination per step and per window —
+plus its memory per node, randomization level and how many places of the file a global
+batch draws from. The ``feedline`` preset is the cheapest candidate that fits the memory
+cap, reaches the RL floor and mixes (>= ``MIX_REGIONS`` tiles per global batch, or every
+tile of the dataset). Everything is closed-form in the job's shape: choosing for 9,216
+ranks takes milliseconds, and every rank computes the same choice without talking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from .strategy import Strategy
+from .world import WorldSpec
+
+_KiB, _MiB = 1 << 10, 1 << 20
+
+#: tiles per global batch below which a class-sorted dataset shows in the batches
+MIX_REGIONS = 32
+#: tile sizes tried (bytes)
+TILE_BYTES = (256 * _KiB, 512 * _KiB, 1 * _MiB, 2 * _MiB, 4 * _MiB, 8 * _MiB, 16 * _MiB, 32 * _MiB)
+#: tiles per window tried (0: as large as the memory cap allows)
+WINDOW_TILES = (32, 64, 128, 0)
+#: requests a reader keeps in flight (the native engine's threads per reader)
+READER_DEPTH = 4
+#: the engine splits longer extents into requests of this size (defaults.io_chunk_mib)
+ENGINE_CHUNK = 8 * _MiB
+#: coordination costs (seconds), calibrated on this machine (docs/planner.md)
+COORD = {
+    "rank": {"step": 5e-6, "window": 2e-4},
+    "node": {"step": 3e-5, "window": 2e-3},
+}
+
+
+@dataclass(frozen=True)
+class StorageProfile:
+    """What the cost model knows of the storage (bandwidths in bytes/s).
+
+    ``aggregate_bw`` 0 means node-local storage (scales with the nodes);
+    ``server_streams`` 0 means no contention modelled.
+    """
+
+    name: str
+    latency_s: float
+    stream_bw: float
+    node_bw: float
+    aggregate_bw: float
+    streams_per_node: int
+    server_streams: int = 0
+    shared_cache: str = "node"
+    fs_type: str = ""
+    source: str = "default"
+    notes: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StorageProfile:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = {"name", "latency_s", "stream_bw", "node_bw", "aggregate_bw", "streams_per_node"}
+        missing -= set(d)
+        if missing:
+            raise ConfigError(f"storage profile lacks {sorted(missing)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+#: documented defaults (docs/planner.md, "Storage profiles")
+PROFILES: dict[str, StorageProfile] = {
+    # a mid-size Lustre/GPFS: ~2 ms per request under load (RPC + server queue + seek),
+    # 1 GB/s per stream, a 100 Gb/s client link, 100 GB/s for the job, contention beyond
+    # ~1,024 concurrent streams
+    "parallel": StorageProfile(
+        "parallel", 2e-3, 1.0e9, 10e9, 100e9, 8, 1024,
+        source="default for Lustre, GPFS, BeeGFS, NFS, FUSE",
+    ),
+    # a node-local SSD
+    "local": StorageProfile(
+        "local", 1e-4, 2.0e9, 3.0e9, 0.0, 4, 0, source="default for ext4, xfs, btrfs"
+    ),
+    # tmpfs / page cache
+    "memory": StorageProfile("memory", 5e-6, 5e9, 10e9, 0.0, 2, 0, source="default for tmpfs"),
+}
+
+#: file system type -> default profile
+FS_PROFILES = {
+    "lustre": "parallel",
+    "gpfs": "parallel",
+    "beegfs": "parallel",
+    "nfs": "parallel",
+    "fuse": "parallel",
+    "ext4": "local",
+    "xfs": "local",
+    "btrfs": "local",
+    "overlay": "local",
+    "tmpfs": "memory",
+}
+_FS_MAGIC = {
+    0x0BD00BD0: "lustre",
+    0x47504653: "gpfs",
+    0x19830326: "beegfs",
+    0x6969: "nfs",
+    0x65735546: "fuse",
+    0xEF53: "ext4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x794C7630: "overlay",
+    0x01021994: "tmpfs",
+}
+
+
+def fs_type(path: str) -> str:
+    """The file system type of *path* from ``statfs``'s magic ("" when unknown)."""
+    import ctypes
+    import ctypes.util
+
+    class _Statfs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 120)]
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        buf = _Statfs()
+        if libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+            return ""
+    except (OSError, AttributeError):  # pragma: no cover - non-Linux
+        return ""
+    return _FS_MAGIC.get(buf.f_type & 0xFFFFFFFF, "")
+
+
+def get_profile(profile: StorageProfile | str | dict | None = None, path: str | None = None) -> StorageProfile:
+    """Resolve a profile: an object, a name of :data:`PROFILES`, a dict, a saved probe of
+    *path*'s file system, or the default for *path*'s file system type ("parallel" when
+    nothing is known: the cluster is what the default must be right for)."""
+    if isinstance(profile, StorageProfile):
+        return profile
+    if isinstance(profile, dict):
+        return StorageProfile.from_dict(profile)
+    if isinstance(profile, str) and profile not in ("", "auto"):
+        if profile in PROFILES:
+            return PROFILES[profile]
+        if os.path.exists(profile):
+            import json
+
+            with open(profile) as f:
+                return StorageProfile.from_dict(json.load(f))
+        raise ConfigError(
+            f"unknown storage profile {profile!r}: give one of {sorted(PROFILES)}, a JSON "
+            "file written by `feedline probe --json`, or leave it unset"
+        )
+    if path:
+        saved = _saved_profile(path)
+        if saved is not None:
+            return saved
+        kind = FS_PROFILES.get(fs_type(path))
+        if kind:
+            p = PROFILES[kind]
+            return dataclasses.replace(p, fs_type=fs_type(path))
+    return PROFILES["parallel"]
+
+
+def _saved_profile(path: str) -> StorageProfile | None:
+    try:
+        from ..io import probe
+    except ImportError:
+        return None
+    loader = getattr(probe, "load_saved_profile", None)
+    if loader is None:
+        return None
+    try:
+        d = loader(path)
+    except Exception:  # a damaged cache entry must not stop a training job
+        return None
+    return StorageProfile.from_dict(d) if d else None
+
+
+# ------------------------------------------------------------------ the model
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The job and dataset as the model sees them."""
+
+    n: int
+    mean_len: float
+    max_len: int
+    span: float  # bytes on disk per payload byte over runs of records (holes included)
+    ranks: int
+    nodes: int
+    batch: int
+    cap: int
+
+    @property
+    def file_bytes(self) -> float:
+        return self.n * self.mean_len * self.span
+
+    @property
+    def steps(self) -> int:
+        return -(-self.n // self.batch) if self.n else 0
+
+
+@dataclass
+class Estimate:
+    """One candidate's figures (seconds, bytes, counts) and the knobs that make it."""
+
+    unit: str
+    tile_bytes: int
+    window_bytes: int
+    window_steps: int
+    knobs: dict[str, Any]
+    requests: float = 0.0
+    bytes: float = 0.0
+    readers: int = 0
+    windows_per_unit: int = 0
+    tiles_per_window: float = 0.0
+    regions_per_batch: float = 0.0
+    memory_per_node: float = 0.0
+    terms: dict[str, float] = field(default_factory=dict)
+    rl: float | None = None
+    rejected: str = ""
+
+    @property
+    def cost(self) -> float:
+        return float(sum(self.terms.values()))
+
+    @property
+    def mean_read(self) -> float:
+        return self.bytes / max(self.requests, 1.0)
+
+    def label(self) -> str:
+        who = "1 reader/node" if self.unit == "node" else "every rank"
+        return f"{who}, tiles {_fmt(self.tile_bytes)}, windows {_fmt(self.window_bytes)} ({self.window_steps} steps)"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["cost"] = self.cost
+        d["mean_read"] = self.mean_read
+        return d
+
+
+def _fmt(b: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", _MiB), ("KiB", _KiB)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def span_ratio(records) -> float:
+    """Bytes of the file per payload byte when whole runs of records are read (>= 1)."""
+    cached = getattr(records, "_span_ratio", None)
+    if cached is not None:
+        return cached
+    import numpy as np
+
+    from .records import CountOnly
+
+    n = records.n
+    if n == 0 or isinstance(records, CountOnly):
+        return 1.0
+    if hasattr(records, "file_ids") and hasattr(records, "offsets"):
+        fid = np.asarray(records.file_ids)
+        off = np.asarray(records.offsets, dtype=np.int64)
+        ln = np.asarray(records.lengths, dtype=np.int64)
+        span = 0
+        for f in np.unique(fid) if len(np.unique(fid[:1])) else []:
+            m = fid == f
+            span += int((off[m] + ln[m]).max() - off[m].min())
+        ratio = max(1.0, span / max(int(ln.sum()), 1))
+    else:
+        ids = np.array([0, n - 1])
+        fid, off, ln = records.extents(ids)
+        if fid[0] == fid[1]:
+            ratio = max(1.0, (int(off[1] + ln[1]) - int(off[0])) / max(n * records.mean_length, 1.0))
+        else:  # pragma: no cover - multi-file synthetic layouts do not exist
+            ratio = 1.0
+    try:
+        records._span_ratio = ratio
+    except (AttributeError, TypeError):
+        pass  # frozen dataclasses: recomputed (O(1) for them)
+    return ratio
+
+
+def shape_of(records, world: WorldSpec, batch_size: int, memory_cap: int) -> Shape:
+    return Shape(
+        n=int(records.n),
+        mean_len=float(records.mean_length) or 1.0,
+        max_len=int(records.max_length) or 1,
+        span=span_ratio(records) * 1.02,  # tile boundaries and merged holes
+        ranks=world.size,
+        nodes=world.nodes,
+        batch=int(batch_size),
+        cap=int(memory_cap),
+    )
+
+
+def unit_geometry(sh: Shape, unit: str) -> tuple[int, int, float]:
+    """(units, units per node, mean samples per unit and step)."""
+    if unit == "node":
+        return sh.nodes, 1, sh.batch / sh.nodes
+    return sh.ranks, -(-sh.ranks // sh.nodes), sh.batch / sh.ranks
+
+
+def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
+    """Steps per window: ``window_bytes`` of a unit's reads (0: as many as the cap allows),
+    at most what the node's cap holds twice (one window consumed while the next is read).
+
+    Raises ConfigError when not even one step fits.
+    """
+    from .reads import LIVE_WINDOWS
+
+    P, M, B = sh.ranks, sh.nodes, sh.batch
+    per_rank = -(-B // P)
+    if unit == "node":
+        unit_samples, units_per_node, mean_unit = per_rank * -(-P // M), 1, B / M
+    else:
+        unit_samples, units_per_node, mean_unit = per_rank, -(-P // M), B / P
+    cap_unit = sh.cap // (LIVE_WINDOWS * units_per_node)
+    worst_step = unit_samples * sh.max_len * sh.span
+    if worst_step > cap_unit:
+        raise ConfigError(
+            f"memory cap {sh.cap} bytes per node cannot hold two steps of reads "
+            f"({worst_step:.0f} bytes per {unit} and step at worst): raise memory_cap or "
+            "lower the batch size"
+        )
+    w_cap = int(cap_unit // max(worst_step, 1.0))
+    steps = max(sh.steps, 1)
+    if window_bytes > 0:
+        target = math.ceil(window_bytes / max(mean_unit * sh.mean_len * sh.span, 1.0))
+    else:
+        target = steps
+    return int(max(1, min(w_cap, target, steps)))
+
+
+def estimate(
+    sh: Shape, profile: StorageProfile, unit: str, tile_bytes: int, window_tiles: int
+) -> Estimate:
+    """The model's figures for one candidate (see the module docstring)."""
+    U, units_per_node, mean_unit = unit_geometry(sh, unit)
+    window_bytes = tile_bytes * window_tiles
+    est = Estimate(unit, tile_bytes, window_bytes, 0, {})
+    try:
+        w = window_steps_for(sh, unit, window_bytes)
+    except ConfigError as e:
+        est.rejected = str(e)
+        return est
+    est.window_steps = w
+    tile_rec = max(1, min(sh.n, round(tile_bytes / sh.mean_len)))
+    tile_disk = tile_rec * sh.mean_len * sh.span
+    share = sh.file_bytes / U  # bytes a unit reads per epoch
+    wb = max(mean_unit * w, 1.0) * sh.mean_len * sh.span  # bytes per window
+    wb = min(wb, share) if share else wb
+    est.window_bytes = int(wb)
+    nw = max(1, math.ceil(share / wb)) if share else 0
+    k_win = wb / tile_disk + (1.0 if wb < sh.file_bytes else 0.0)  # pieces per window
+    k_win = min(k_win, mean_unit * w)
+    req_unit = nw * k_win
+    # the engine splits extents longer than its chunk into several requests
+    sys_unit = req_unit + share / ENGINE_CHUNK
+    tiles_total = max(1.0, sh.file_bytes / tile_disk)
+    est.requests = U * req_unit
+    est.bytes = sh.file_bytes
+    est.readers = U
+    est.windows_per_unit = nw
+    est.tiles_per_window = k_win
+    est.regions_per_batch = min(float(sh.batch), U * k_win, tiles_total * 1.0)
+    from .reads import LIVE_WINDOWS
+
+    est.memory_per_node = LIVE_WINDOWS * wb * units_per_node
+    # bandwidth a reader gets, and contention at the servers
+    readers_on_node = 1 if unit == "node" else units_per_node
+    depth = READER_DEPTH
+    streams = U * depth
+    f = max(1.0, streams / profile.server_streams) if profile.server_streams else 1.0
+    per_reader_bw = min(
+        profile.stream_bw * min(depth, max(profile.streams_per_node, 1)),
+        profile.node_bw / readers_on_node,
+    )
+    lat = profile.latency_s * f
+    t_lat = sys_unit * lat / depth
+    t_bw = share / per_reader_bw
+    t_agg = sh.file_bytes * f / profile.aggregate_bw if profile.aggregate_bw else 0.0
+    est.terms = {
+        "latency": t_lat,
+        "transfer": max(t_bw, t_agg),
+        "first_window": lat + wb / per_reader_bw,
+        "coordination": sh.steps * COORD[unit]["step"] + nw * COORD[unit]["window"],
+    }
+    est.knobs = {
+        "region": unit,
+        "readers_per_node": 1 if unit == "node" else 0,
+        "chunk_bytes": int(tile_bytes),
+        "chunk": int(tile_rec),
+        "window_bytes": int(window_bytes),
+        "window_steps": int(w),
+        "coalesce_bytes": int(min(tile_bytes, 8 * _MiB)),
+    }
+    return est
+
+
+@dataclass
+class Choice:
+    """The chosen strategy, its estimate, and the runners-up (for ``--explain``)."""
+
+    strategy: Strategy
+    best: Estimate
+    candidates: list[Estimate]
+    profile: StorageProfile
+    shape: Shape
+
+    def explain(self, top: int = 5) -> str:
+        """The model's estimate term by term for the choice and the runners-up."""
+        sh, p = self.shape, self.profile
+        lines = [
+            f"storage profile {p.name!r} ({p.source}): latency {p.latency_s * 1e3:.2f} ms, "
+            f"stream {p.stream_bw / 1e9:.2f} GB/s, node {p.node_bw / 1e9:.2f} GB/s, "
+            f"aggregate {'per node' if not p.aggregate_bw else f'{p.aggregate_bw / 1e9:.0f} GB/s'}"
+            + (f", contention beyond {p.server_streams} streams" if p.server_streams else ""),
+            f"job: {sh.ranks} ranks on {sh.nodes} nodes, batch {sh.batch}, {sh.n} samples of "
+            f"{sh.mean_len:.0f} B (file {sh.file_bytes / 1e9:.2f} GB), memory cap "
+            f"{sh.cap / 1e9:.2f} GB per node",
+            f"{'':2}{'candidate':<58}{'cost s':>9}{'latency':>9}{'transfer':>9}{'1st win':>9}"
+            f"{'coord':>8}{'requests':>11}{'mean read':>11}{'regions':>9}{'RL':>6}",
+        ]
+        ok = [c for c in self.candidates if not c.rejected]
+        ok.sort(key=lambda c: c.cost)
+        shown = [self.best] + [c for c in ok if c is not self.best][: top - 1]
+        for c in shown:
+            t = c.terms
+            mark = "*" if c is self.best else " "
+            rl = f"{c.rl:.3f}" if c.rl is not None else "  -  "
+            lines.append(
+                f"{mark} {c.label():<58}{c.cost:>9.3f}{t['latency']:>9.3f}{t['transfer']:>9.3f}"
+                f"{t['first_window']:>9.3f}{t['coordination']:>8.3f}{c.requests:>11.0f}"
+                f"{_fmt(c.mean_read):>11}{c.regions_per_batch:>9.0f}{rl:>6}"
+            )
+        rej = [c for c in self.candidates if c.rejected]
+        if rej:
+            reasons: dict[str, int] = {}
+            for c in rej:
+                key = c.rejected.split(":")[0]
+                reasons[key] = reasons.get(key, 0) + 1
+            lines.append(
+                "rejected: " + "; ".join(f"{v} x {k}" for k, v in sorted(reasons.items()))
+            )
+        b = self.best
+        lines.append(
+            f"chosen: {b.label()} — cheapest of {len(ok)} candidates that fit the cap, "
+            f"reach RL >= {self.strategy.rl_floor:g} and draw each global batch from >= "
+            f"{min(MIX_REGIONS, sh.batch)} places of the file (or all of them)"
+        )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile.to_dict(),
+            "chosen": self.best.to_dict(),
+            "strategy": self.strategy.to_dict(),
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+def choose(
+    records,
+    world: WorldSpec,
+    batch_size: int,
+    memory_cap: int,
+    profile: StorageProfile | str | dict | None = None,
+    *,
+    base: Strategy | None = None,
+    aggregate: bool = True,
+    units: tuple[str, ...] | None = None,
+) -> Choice:
+    """The cheapest ``window`` plan for this job (see the module docstring).
+
+    Parameters
+    ----------
+    records : Records
+        The dataset's records (sizes and layout).
+    world : WorldSpec
+    batch_size, memory_cap : int
+        Global batch; bytes per node for read buffers.
+    profile : StorageProfile, name, dict or None
+        The storage (:func:`get_profile`; None: the parallel-file-system default).
+    base : Strategy
+        The preset whose other knobs are kept (default: ``PRESETS["feedline"]``).
+    aggregate : bool
+        Whether one reader per node may read for its node (needs MPI shared memory).
+    units : tuple of str, optional
+        Restrict who reads: ``("node",)`` or ``("rank",)``.
+    """
+    from .rl import rl_grouped
+    from .strategy import PRESETS
+
+    base = base or PRESETS["feedline"]
+    prof = get_profile(profile)
+    sh = shape_of(records, world, batch_size, memory_cap)
+    if units:
+        units = list(units)
+    else:
+        units = ["rank"]
+        if aggregate and world.nodes < world.size:
+            units.append("node")
+    tiles = list(TILE_BYTES)
+    small = int(sh.file_bytes / MIX_REGIONS / sh.span)
+    if small < TILE_BYTES[0]:  # small datasets: tiles that still cut the file in 32 places
+        tiles.insert(0, max(int(sh.mean_len), small))
+    cands = [estimate(sh, prof, u, t, k) for u in units for t in tiles for k in WINDOW_TILES]
+    # the same window reached twice (capped): keep one
+    seen: set[tuple] = set()
+    uniq = []
+    for c in cands:
+        key = (c.unit, c.tile_bytes, c.window_steps)
+        if key not in seen:
+            seen.add(key)
+            uniq.append(c)
+    cands = uniq
+    for c in cands:
+        if c.rejected:
+            continue
+        tiles_total = sh.file_bytes / max(c.tile_bytes * sh.span, 1.0)
+        need_tiles = min(float(MIX_REGIONS), float(sh.n))
+        need = min(float(MIX_REGIONS), float(sh.batch), float(sh.n))
+        if tiles_total + 1e-9 < need_tiles:
+            c.rejected = f"tiles too large: {tiles_total:.1f} tiles in the file < {need_tiles:.0f}"
+        elif c.regions_per_batch + 1e-9 < need:
+            c.rejected = f"mixes too little: {c.regions_per_batch:.0f} places per batch < {need:.0f}"
+    ok = sorted((c for c in cands if not c.rejected), key=lambda c: (c.cost, c.requests))
+    best = None
+    for c in ok:
+        U, _, mean_unit = unit_geometry(sh, c.unit)
+        c.rl = rl_grouped(sh.n, max(1, int(round(mean_unit * c.window_steps))), local_shuffle=True)
+        if c.rl + 1e-12 >= base.rl_floor:
+            best = c
+            break
+        c.rejected = f"RL {c.rl:.3f} < floor {base.rl_floor:g}"
+    if best is None:
+        # nothing reaches the floor (a tiny dataset or cap): the best shuffle that fits
+        fits = [c for c in cands if not c.rejected.startswith("memory cap")]
+        fits = [c for c in fits if c.window_steps]
+        if not fits:
+            raise ConfigError(
+                next((c.rejected for c in cands if c.rejected), "no candidate plan")
+                + " (feedline preset)"
+            )
+        for c in fits:
+            if c.rl is None:
+                _, _, mean_unit = unit_geometry(sh, c.unit)
+                c.rl = rl_grouped(
+                    sh.n, max(1, int(round(mean_unit * c.window_steps))), local_shuffle=True
+                )
+        best = max(fits, key=lambda c: (round(c.rl or 0.0, 6), -c.cost))
+    strategy = base.replace(auto=False, **best.knobs)
+    return Choice(strategy, best, cands, prof, sh)
