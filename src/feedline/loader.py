@@ -149,6 +149,7 @@ class Loader:
         self._source_name = source_name_for(self.preset, explicit_source)
         if self._source_name == "node" and self.world.dist is None:
             raise ConfigError("source='node' needs an MPI world (launch with mpiexec)")
+        self._knobs = dict(knobs)
         self.strategy: Strategy = self._make_strategy(get_strategy(preset), knobs)
         self.memory_cap = self._resolve_cap(memory_cap)
         #: the cost model's choice (``feedline`` preset), for stats() and explain()
@@ -244,6 +245,9 @@ class Loader:
             units=units,
         )
         self.strategy = self.choice.strategy
+        mine = {k: v for k, v in self._knobs.items() if k in CHOSEN_KNOBS}
+        if mine:  # knobs the user set win over the model's choice
+            self.strategy = self.strategy.replace(**mine)
         if explicit_source is None:
             self._source_name = "node" if self.strategy.aggregated else "direct"
             if self._source_name == "direct" and self.strategy.aggregated:  # pragma: no cover
@@ -625,6 +629,18 @@ class Loader:
     def options_summary(self) -> dict[str, Any]:
         """Effective options and strategy knobs (for logs and the bench)."""
         return {"pipeline": dataclasses.asdict(self.options), "strategy": self.strategy.to_dict()}
+
+
+#: knobs the cost model sets for the feedline preset (a user's value wins)
+CHOSEN_KNOBS = (
+    "region",
+    "readers_per_node",
+    "chunk",
+    "chunk_bytes",
+    "window_bytes",
+    "window_steps",
+    "coalesce_bytes",
+)
 
 
 def _following(loader: Loader, epoch: int):

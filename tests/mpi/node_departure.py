@@ -38,6 +38,7 @@ from loader_common import open_records, record_bytes
 
 import feedline.pipeline.node as node_mod
 from feedline import Loader
+from feedline.plan import Strategy
 from feedline.errors import FeedlineError
 
 node_mod.STALL_S = 1.5
@@ -57,12 +58,23 @@ ds = open_records(paths, SIZE, comm=comm)
 truth = record_bytes(N, SIZE)
 B = 16
 KW = dict(seed=3, decode=False, memory_cap=40_000, readers_per_node=2, prefetch_depth=2)
+# the tiled column layout: an order independent of who reads, so the node source's ids
+# can be checked against the direct source's (the feedline preset plans per reader)
+TILES = Strategy(
+    assignment="chunk",
+    chunk_layout="column",
+    chunk_bytes=2 << 20,
+    coalesce_bytes=8 << 20,
+    coalesce_gap=64 << 10,
+    io_thread=True,
+    rl_floor=0.9,
+)
 
 
 def reference(epochs):
     """ids per (epoch, step) on this rank from the direct source."""
     out = {}
-    with Loader(ds, B, preset="feedline", source="direct", **KW) as ld:
+    with Loader(ds, B, preset=TILES, source="direct", **KW) as ld:
         for e in epochs:
             ld.set_epoch(e)
             for b in ld:
@@ -85,7 +97,7 @@ comm.Barrier()
 res = {"rank": rank, "steps": {}, "errors": [], "raised": None}
 t0 = time.monotonic()
 try:
-    ld = Loader(ds, B, preset="feedline", source="node", **KW)
+    ld = Loader(ds, B, preset=TILES, source="node", **KW)
     assert ld.stats()["source"] == "node", ld.stats()
     res["reader"] = None
     res["len"] = len(ld)

@@ -53,7 +53,6 @@ class WindowStream:
         self.w = max(1, int(window_steps))
         self.unit = unit
         self.key = np.uint64(key)
-        self.slots = GroupSlots(n, self.tile, subkeys(self.key, np.array([1]))[0])
         self._wkey = subkeys(self.key, np.array([2]))[0]
         B, P, S = geo.B, geo.P, geo.steps
         if unit == "node":
@@ -69,6 +68,7 @@ class WindowStream:
         self.per_step = np.diff(_bound(B, P, firsts)).astype(np.int64)
         #: samples per window of each unit
         self.window_len = np.maximum(self.per_step * self.w, 1)
+        self.slots = GroupSlots(n, self.tile, _balanced_key(n, self.tile, self.key, self.starts))
 
     def windows_of(self, u: int) -> tuple[np.ndarray, np.ndarray]:
         """Start positions in V and lengths of unit *u*'s windows."""
@@ -109,6 +109,44 @@ class WindowStream:
         v = self.v_of(q)
         _, group, off = self.slots.locate(v)
         return group * self.tile + off
+
+
+#: keys tried for the tile order (see :func:`_balanced_key`)
+TILE_KEYS = 16
+
+
+def _balanced_key(n: int, tile: int, key, starts) -> np.uint64:
+    """The key of the tile order: of ``TILE_KEYS`` keyed permutations of the tiles, the
+    one whose delivery times are least correlated with the disk order (O(tiles) each).
+
+    A tile in slot s is delivered at the fraction of the epoch its V position has in its
+    unit's range (``starts``: units consume their ranges side by side).
+
+    A random order of G tiles has a rank correlation with the file of about 1/sqrt(G)
+    (0.06 at 256 tiles) — visible on class-sorted data as a drift of classes across the
+    epoch. Picking the most balanced of 16 orders keeps the correlation near 0.1/sqrt(G)
+    at the price of 4 bits of the order's entropy. Pure: every rank picks the same.
+    """
+    from ._perm import permute
+
+    G = -(-n // tile) if n else 0
+    keys = subkeys(np.uint64(key), np.arange(1, TILE_KEYS + 1, dtype=np.uint64))
+    if G < 3:
+        return np.uint64(keys[0])
+    v = np.arange(G, dtype=np.int64) * tile
+    u = np.searchsorted(starts, v, side="right") - 1
+    u = np.clip(u, 0, len(starts) - 2)
+    span = np.maximum(starts[u + 1] - starts[u], 1)
+    t = (v - starts[u]) / span
+    pos = np.argsort(np.argsort(t, kind="stable"), kind="stable").astype(np.float64)
+    pos -= pos.mean()
+    best, best_c = keys[0], np.inf
+    for k in keys:
+        g = permute(np.arange(G, dtype=np.int64), G, k).astype(np.float64) - (G - 1) / 2.0
+        c = abs(float(pos @ g))
+        if c < best_c:
+            best, best_c = k, c
+    return np.uint64(best)
 
 
 def tile_records(strategy, mean_len: float | None, n: int) -> int:

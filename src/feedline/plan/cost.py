@@ -29,6 +29,9 @@ _KiB, _MiB = 1 << 10, 1 << 20
 
 #: tiles per global batch below which a class-sorted dataset shows in the batches
 MIX_REGIONS = 32
+#: tiles in the file at least: the delivery order's rank correlation with the disk
+#: order is that of a random order of the tiles, ~ 1/sqrt(tiles) (0.06 at 256)
+MIN_TILES = 256
 #: tile sizes tried (bytes)
 TILE_BYTES = (256 * _KiB, 512 * _KiB, 1 * _MiB, 2 * _MiB, 4 * _MiB, 8 * _MiB, 16 * _MiB, 32 * _MiB)
 #: tiles per window tried (0: as large as the memory cap allows)
@@ -512,7 +515,7 @@ def choose(
         if aggregate and world.nodes < world.size:
             units.append("node")
     tiles = list(TILE_BYTES)
-    small = int(sh.file_bytes / MIX_REGIONS / sh.span)
+    small = int(sh.file_bytes / MIN_TILES / sh.span)
     if small < TILE_BYTES[0]:  # small datasets: tiles that still cut the file in 32 places
         tiles.insert(0, max(int(sh.mean_len), small))
     cands = [estimate(sh, prof, u, t, k) for u in units for t in tiles for k in WINDOW_TILES]
@@ -529,7 +532,7 @@ def choose(
         if c.rejected:
             continue
         tiles_total = sh.file_bytes / max(c.tile_bytes * sh.span, 1.0)
-        need_tiles = min(float(MIX_REGIONS), float(sh.n))
+        need_tiles = min(float(MIN_TILES), float(sh.n))
         need = min(float(MIX_REGIONS), float(sh.batch), float(sh.n))
         if tiles_total + 1e-9 < need_tiles:
             c.rejected = f"tiles too large: {tiles_total:.1f} tiles in the file < {need_tiles:.0f}"

@@ -373,8 +373,6 @@ def _window_stream(records, world, strategy, key, geo, cap, batch_size):
     if strategy.circular:
         raise ConfigError("the window assignment does not wrap (circular=False)")
     unit = "node" if strategy.region == "node" else "rank"
-    if unit == "node" and not strategy.aggregated:
-        raise ConfigError("window with region='node' needs readers_per_node >= 1")
     mean = records.mean_length if records.n else 1.0
     if isinstance(records, CountOnly):
         w = max(1, geo.steps)
