@@ -21,6 +21,8 @@ pure function of (N, T, w, world, seed, epoch). It depends on P and M, like
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ._perm import permute, subkeys
@@ -116,6 +118,11 @@ TILE_KEYS = 16
 
 
 def _balanced_key(n: int, tile: int, key, starts) -> np.uint64:
+    return np.uint64(_balanced_key_cached(int(n), int(tile), int(key), tuple(starts.tolist())))
+
+
+@lru_cache(maxsize=64)
+def _balanced_key_cached(n: int, tile: int, key: int, starts_t: tuple) -> int:
     """The key of the tile order: of ``TILE_KEYS`` keyed permutations of the tiles, the
     one whose delivery times are least correlated with the disk order (O(tiles) each).
 
@@ -129,10 +136,11 @@ def _balanced_key(n: int, tile: int, key, starts) -> np.uint64:
     """
     from ._perm import permute
 
+    starts = np.asarray(starts_t, dtype=np.int64)
     G = -(-n // tile) if n else 0
     keys = subkeys(np.uint64(key), np.arange(1, TILE_KEYS + 1, dtype=np.uint64))
     if G < 3:
-        return np.uint64(keys[0])
+        return int(keys[0])
     v = np.arange(G, dtype=np.int64) * tile
     u = np.searchsorted(starts, v, side="right") - 1
     u = np.clip(u, 0, len(starts) - 2)
@@ -146,7 +154,7 @@ def _balanced_key(n: int, tile: int, key, starts) -> np.uint64:
         c = abs(float(pos @ g))
         if c < best_c:
             best, best_c = k, c
-    return np.uint64(best)
+    return int(best)
 
 
 def tile_records(strategy, mean_len: float | None, n: int) -> int:

@@ -19,6 +19,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError
@@ -124,6 +125,7 @@ _FS_MAGIC = {
 }
 
 
+@lru_cache(maxsize=256)
 def fs_type(path: str) -> str:
     """The file system type of *path* from ``statfs``'s magic ("" when unknown)."""
     import ctypes
