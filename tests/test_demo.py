@@ -129,7 +129,10 @@ def test_quick_demo_table_and_json(tmp_path):
         assert "storage: local disk" in p.stdout, p.stdout
     rows = _rows(p.stdout)
     assert BASELINE in rows and FEEDLINE in rows and CURSOR in rows, p.stdout
-    assert rows[BASELINE][-2:] == ["1.00x", "reference"]
+    assert rows[BASELINE][-3:] == ["1.00x", "no", "reference"]
+    # only the shuffling presets say yes, with their randomization level
+    assert rows[FEEDLINE][-2].startswith("yes, RL "), rows[FEEDLINE]
+    assert rows[CURSOR][-2] == "no"
     assert re.search(r"physical limit: \d+ MB/s", p.stdout)
 
     doc = json.loads(out.read_text())

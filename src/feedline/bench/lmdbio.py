@@ -54,7 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="global batch in records (default 2048; 64 with --quick)",
     )
     g.add_argument(
-        "--presets", default=",".join(PRESETS), metavar="LIST", help="presets to compare"
+        "--presets",
+        default=",".join([*PRESETS, "feedline"]),
+        metavar="LIST",
+        help="presets to compare: any Loader preset (default: the LMDBIO/MPI-Caffe ladder and "
+        "feedline's default)",
     )
     g.add_argument(
         "--readers-per-node",
@@ -221,10 +225,12 @@ def run(args: argparse.Namespace) -> int:
     samples = args.samples or (600 if args.quick else 200_000)
     batch = args.batch_size or (64 if args.quick else 2048)
     names = [p for p in args.presets.split(",") if p]
-    unknown = [p for p in names if p not in PRESETS]
-    if unknown:
-        raise ConfigError(f"--presets: not LMDBIO/MPI-Caffe presets: {unknown}")
     from ..plan.strategy import PRESET_DOCS, get_strategy
+    from ..plan.strategy import PRESETS as ALL_PRESETS
+
+    unknown = [p for p in names if p not in ALL_PRESETS]
+    if unknown:
+        raise ConfigError(f"--presets: unknown presets {unknown}; known: {', '.join(ALL_PRESETS)}")
 
     runs = []
     for p in names:
