@@ -3,6 +3,14 @@ those tests are deselected, not skipped, so a default run never counts them."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+
+# Saved storage profiles (`feedline probe`) and sidecars of read-only datasets live in the
+# cache dir: the suite uses its own, so what a user probed on this machine cannot change
+# which plan a test's Loader chooses (mpiexec children inherit the variable).
+os.environ.setdefault("FEEDLINE_CACHE_DIR", tempfile.mkdtemp(prefix="feedline-test-cache-"))
+
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", help="run the full tier as well")

@@ -19,6 +19,7 @@ COMMANDS = {
     "index": "feedline.inspect",
     "inspect": "feedline.inspect",
     "plan": "feedline.plan.cli",
+    "probe": "feedline.io.probe",
     "bench": "feedline.bench.cli",
     "demo": "feedline.demo",
     "emulate": "feedline.emulate.cli",

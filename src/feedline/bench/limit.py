@@ -56,23 +56,10 @@ def evict(paths: Iterable[str]) -> int:
 
 def fuse_mount_of(path: str) -> str | None:
     """The FUSE mount point that holds *path*, or None (reads ``/proc/self/mounts``)."""
-    real = os.path.realpath(path)
-    best = None
-    try:
-        with open("/proc/self/mounts") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 3 or not parts[2].startswith("fuse"):
-            continue
-        mnt = parts[1].replace("\\040", " ")
-        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and (
-            best is None or len(mnt) > len(best)
-        ):
-            best = mnt
-    return best
+    from ..io.probe import mount_of
+
+    m = mount_of(path, "fuse")
+    return m[0] if m else None
 
 
 class EmulatorMount:

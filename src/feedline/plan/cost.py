@@ -15,6 +15,7 @@ ranks takes milliseconds, and every rank computes the same choice without talkin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -87,7 +88,13 @@ PROFILES: dict[str, StorageProfile] = {
     # 1 GB/s per stream, a 100 Gb/s client link, 100 GB/s for the job, contention beyond
     # ~1,024 concurrent streams
     "parallel": StorageProfile(
-        "parallel", 2e-3, 1.0e9, 10e9, 100e9, 8, 1024,
+        "parallel",
+        2e-3,
+        1.0e9,
+        10e9,
+        100e9,
+        8,
+        1024,
         source="default for Lustre, GPFS, BeeGFS, NFS, FUSE",
     ),
     # a node-local SSD
@@ -144,7 +151,9 @@ def fs_type(path: str) -> str:
     return _FS_MAGIC.get(buf.f_type & 0xFFFFFFFF, "")
 
 
-def get_profile(profile: StorageProfile | str | dict | None = None, path: str | None = None) -> StorageProfile:
+def get_profile(
+    profile: StorageProfile | str | dict | None = None, path: str | None = None
+) -> StorageProfile:
     """Resolve a profile: an object, a name of :data:`PROFILES`, a dict, a saved probe of
     *path*'s file system, or the default for *path*'s file system type ("parallel" when
     nothing is known: the cluster is what the default must be right for)."""
@@ -176,18 +185,13 @@ def get_profile(profile: StorageProfile | str | dict | None = None, path: str | 
 
 
 def _saved_profile(path: str) -> StorageProfile | None:
+    from ..io.probe import load_saved_profile
+
     try:
-        from ..io import probe
-    except ImportError:
+        d = load_saved_profile(path)
+        return StorageProfile.from_dict(d) if d else None
+    except (ConfigError, TypeError):  # a damaged cache entry must not stop a training job
         return None
-    loader = getattr(probe, "load_saved_profile", None)
-    if loader is None:
-        return None
-    try:
-        d = loader(path)
-    except Exception:  # a damaged cache entry must not stop a training job
-        return None
-    return StorageProfile.from_dict(d) if d else None
 
 
 # ------------------------------------------------------------------ the model
@@ -286,13 +290,13 @@ def span_ratio(records) -> float:
         ids = np.array([0, n - 1])
         fid, off, ln = records.extents(ids)
         if fid[0] == fid[1]:
-            ratio = max(1.0, (int(off[1] + ln[1]) - int(off[0])) / max(n * records.mean_length, 1.0))
+            ratio = max(
+                1.0, (int(off[1] + ln[1]) - int(off[0])) / max(n * records.mean_length, 1.0)
+            )
         else:  # pragma: no cover - multi-file synthetic layouts do not exist
             ratio = 1.0
-    try:
+    with contextlib.suppress(AttributeError, TypeError):  # frozen: recomputed (O(1) for them)
         records._span_ratio = ratio
-    except (AttributeError, TypeError):
-        pass  # frozen dataclasses: recomputed (O(1) for them)
     return ratio
 
 
@@ -439,7 +443,7 @@ class Choice:
         ]
         ok = [c for c in self.candidates if not c.rejected]
         ok.sort(key=lambda c: c.cost)
-        shown = [self.best] + [c for c in ok if c is not self.best][: top - 1]
+        shown = [self.best, *[c for c in ok if c is not self.best][: top - 1]]
         for c in shown:
             t = c.terms
             mark = "*" if c is self.best else " "
@@ -455,9 +459,7 @@ class Choice:
             for c in rej:
                 key = c.rejected.split(":")[0]
                 reasons[key] = reasons.get(key, 0) + 1
-            lines.append(
-                "rejected: " + "; ".join(f"{v} x {k}" for k, v in sorted(reasons.items()))
-            )
+            lines.append("rejected: " + "; ".join(f"{v} x {k}" for k, v in sorted(reasons.items())))
         b = self.best
         lines.append(
             f"chosen: {b.label()} — cheapest of {len(ok)} candidates that fit the cap, "
@@ -539,12 +541,14 @@ def choose(
         if tiles_total + 1e-9 < need_tiles:
             c.rejected = f"tiles too large: {tiles_total:.1f} tiles in the file < {need_tiles:.0f}"
         elif c.regions_per_batch + 1e-9 < need:
-            c.rejected = f"mixes too little: {c.regions_per_batch:.0f} places per batch < {need:.0f}"
+            c.rejected = (
+                f"mixes too little: {c.regions_per_batch:.0f} places per batch < {need:.0f}"
+            )
     ok = sorted((c for c in cands if not c.rejected), key=lambda c: (c.cost, c.requests))
     best = None
     for c in ok:
-        U, _, mean_unit = unit_geometry(sh, c.unit)
-        c.rl = rl_grouped(sh.n, max(1, int(round(mean_unit * c.window_steps))), local_shuffle=True)
+        _U, _, mean_unit = unit_geometry(sh, c.unit)
+        c.rl = rl_grouped(sh.n, max(1, round(mean_unit * c.window_steps)), local_shuffle=True)
         if c.rl + 1e-12 >= base.rl_floor:
             best = c
             break
@@ -562,7 +566,7 @@ def choose(
             if c.rl is None:
                 _, _, mean_unit = unit_geometry(sh, c.unit)
                 c.rl = rl_grouped(
-                    sh.n, max(1, int(round(mean_unit * c.window_steps))), local_shuffle=True
+                    sh.n, max(1, round(mean_unit * c.window_steps)), local_shuffle=True
                 )
         best = max(fits, key=lambda c: (round(c.rl or 0.0, 6), -c.cost))
     strategy = base.replace(auto=False, **best.knobs)

@@ -1,0 +1,313 @@
+"""``feedline probe PATH``: measure the storage profile the planner's cost model needs.
+
+In a bounded time (default 20 s, at most what ``--seconds`` allows) the probe measures,
+on a file of the dataset (the largest one under PATH) or on a scratch file it writes and
+removes: the per-request latency (cold random 4 KiB direct reads, median), single-stream
+bandwidth for reads of 4 KiB to 16 MiB, and the aggregate bandwidth of 1 to 16 concurrent
+streams (the native engine's threads, 4 MiB reads, cold). The result is a
+:class:`~feedline.plan.cost.StorageProfile`, saved per file system (mount point and type)
+under the cache directory, where :func:`feedline.plan.cost.get_profile` finds it for
+every dataset on that file system. A storage emulator mount (``feedline emulate``)
+reports its own profile from its parameters, without measuring.
+
+Whether ranks share the page cache cannot be measured from one process: the ranks of one
+node share it and nodes do not (``shared_cache="node"``); the emulator's node views each
+have their own (``"view"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import defaults
+from ..errors import ConfigError
+
+_KiB, _MiB = 1 << 10, 1 << 20
+#: block sizes of the single-stream sweep
+BLOCKS = (4 * _KiB, 64 * _KiB, 1 * _MiB, 4 * _MiB, 16 * _MiB)
+#: concurrent streams of the aggregate sweep
+STREAMS = (1, 2, 4, 8, 16)
+#: the scratch file written when PATH holds no file large enough
+SCRATCH_BYTES = 256 * _MiB
+#: files smaller than this are not probed (the device's cache would answer)
+MIN_FILE = 64 * _MiB
+EMULATOR_STATS = ".feedline-stats"
+
+
+# --------------------------------------------------------------- mount points
+
+
+def mount_of(path: str, fs_prefix: str = "") -> tuple[str, str] | None:
+    """The (mount point, file system type) that holds *path* (``/proc/self/mounts``,
+    longest prefix); with *fs_prefix*, only mounts whose type starts with it."""
+    real = os.path.realpath(path)
+    best: tuple[str, str] | None = None
+    try:
+        with open("/proc/self/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3 or not parts[2].startswith(fs_prefix):
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and (
+            best is None or len(mnt) > len(best[0])
+        ):
+            best = (mnt, parts[2])
+    return best
+
+
+def emulator_stats(path: str) -> dict[str, Any] | None:
+    """The storage emulator's statistics document if *path* is on one of its mounts."""
+    m = mount_of(path, "fuse")
+    if m is None:
+        return None
+    try:
+        with open(os.path.join(m[0], EMULATOR_STATS)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def emulator_profile(path: str) -> dict[str, Any] | None:
+    """The profile a storage emulator mount reports from its own parameters."""
+    doc = emulator_stats(path)
+    if not doc or "params" not in doc:
+        return None
+    p = doc["params"]
+    per_server = float(p["server_mbps"]) * 1e6
+    return {
+        "name": "emulator",
+        "latency_s": float(p["latency_us"]) * 1e-6,
+        # one stream: bounded by its node link and by the server its request lands on
+        "stream_bw": min(float(p["node_mbps"]) * 1e6, per_server),
+        "node_bw": float(p["node_mbps"]) * 1e6,
+        "aggregate_bw": min(float(p["aggregate_mbps"]) * 1e6, per_server * int(p["servers"])),
+        "streams_per_node": int(p["server_concurrency"]) * int(p["servers"]),
+        "server_streams": int(p["server_concurrency"]) * int(p["servers"]),
+        "shared_cache": "view",
+        "fs_type": "fuse",
+        "source": f"storage emulator at {doc.get('mountpoint')} (its parameters)",
+        "notes": f"{doc.get('nodes')} node views, read-ahead {p.get('readahead_kib')} KiB",
+    }
+
+
+# --------------------------------------------------------------- the cache
+
+
+def _cache_file(path: str) -> str:
+    m = mount_of(path) or ("/", "")
+    key = hashlib.blake2b(f"{m[0]}\0{m[1]}".encode(), digest_size=8).hexdigest()
+    name = (m[1] or "fs").replace("/", "_")
+    return os.path.join(str(defaults.get("cache_dir")), "profiles", f"{name}-{key}.json")
+
+
+def load_saved_profile(path: str) -> dict[str, Any] | None:
+    """The profile of *path*'s file system: the emulator's own, else a saved probe."""
+    emu = emulator_profile(path)
+    if emu is not None:
+        return emu
+    try:
+        with open(_cache_file(path)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def save_profile(path: str, profile: dict[str, Any]) -> str:
+    """Save *profile* for *path*'s file system (atomically); return the file written."""
+    out = _cache_file(path)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out), prefix=".profile-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(profile, f, indent=1)
+    os.replace(tmp, out)
+    return out
+
+
+# --------------------------------------------------------------- measuring
+
+
+def _target(path: str) -> tuple[str, bool]:
+    """(file to read, whether it is a scratch file the probe wrote)."""
+    if os.path.isfile(path):
+        if os.path.getsize(path) < MIN_FILE:
+            path = os.path.dirname(os.path.abspath(path))
+        else:
+            return path, False
+    if not os.path.isdir(path):
+        raise ConfigError(f"feedline probe: no such file or directory: {path}")
+    best, size = None, 0
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")][:64]
+        for name in files[:4096]:
+            p = os.path.join(root, name)
+            try:
+                s = os.path.getsize(p)
+            except OSError:
+                continue
+            if s > size and os.access(p, os.R_OK):
+                best, size = p, s
+    if best is not None and size >= MIN_FILE:
+        return best, False
+    if not os.access(path, os.W_OK):
+        raise ConfigError(
+            f"feedline probe: {path} holds no file of at least {MIN_FILE >> 20} MiB and is not "
+            "writable for a scratch file: probe a directory with a large dataset file"
+        )
+    fd, tmp = tempfile.mkstemp(dir=path, prefix=".feedline-probe-")
+    chunk = np.random.default_rng(0).integers(0, 256, 4 * _MiB, dtype=np.uint8).tobytes()
+    with os.fdopen(fd, "wb") as f:
+        for _ in range(SCRATCH_BYTES // len(chunk)):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp, True
+
+
+def _latency(path: str, size: int, reads: int, deadline: float) -> float:
+    from .engine import IOEngine, aligned_empty, evict
+
+    evict(path)
+    rng = np.random.default_rng(1)
+    buf = aligned_empty(4 * _KiB)
+    offs = rng.integers(0, max(1, size // (4 * _KiB)), reads) * (4 * _KiB)
+    times = []
+    with IOEngine([path], threads=1, method="odirect", chunk_bytes=4 * _KiB) as eng:
+        for o in offs:
+            t0 = time.perf_counter()
+            eng.read((np.zeros(1, np.int32), np.array([o]), np.array([4 * _KiB])), buf)
+            times.append(time.perf_counter() - t0)
+            if time.perf_counter() > deadline:
+                break
+    return float(statistics.median(times))
+
+
+def measure(path: str, seconds: float = 20.0, progress: bool = True) -> dict[str, Any]:
+    """Measure *path*'s storage (see the module docstring); returns the profile as a dict
+    with the raw measurements under ``"measured"``."""
+    from ..plan.cost import FS_PROFILES, PROFILES, fs_type
+    from .engine import bench_read
+
+    emu = emulator_profile(path)
+    if emu is not None:
+        return emu
+    t_start = time.perf_counter()
+    deadline = t_start + seconds
+    target, scratch = _target(path)
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"probe: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        size = os.path.getsize(target)
+        say(f"reading {target} ({size / 1e6:.0f} MB{', scratch' if scratch else ''})")
+        lat = _latency(target, size, 64, t_start + 0.15 * seconds)
+        say(f"latency {lat * 1e3:.3f} ms (cold 4 KiB direct reads, median)")
+        stream: dict[str, float] = {}
+        budget = 0.45 * seconds / len(BLOCKS)
+        for b in BLOCKS:
+            # as many bytes as this block size reads in its share of the time, roughly
+            est_bw = b / (lat + b / 2e9)
+            cap = int(min(size, max(b, est_bw * budget), 512 * _MiB))
+            r = bench_read(target, b, "odirect", max_bytes=cap)
+            stream[str(b)] = r.bytes / max(r.seconds, 1e-9)
+            say(f"one stream, {b >> 10} KiB reads: {stream[str(b)] / 1e6:.0f} MB/s")
+            if time.perf_counter() > deadline:
+                break
+        agg: dict[str, float] = {}
+        for k in STREAMS:
+            if time.perf_counter() > deadline:
+                break
+            cap = int(min(size, 512 * _MiB))
+            r = bench_read(target, 4 * _MiB, "odirect", threads=k, max_bytes=cap)
+            agg[str(k)] = r.bytes / max(r.seconds, 1e-9)
+            say(f"{k} streams, 4 MiB reads: {agg[str(k)] / 1e6:.0f} MB/s")
+    finally:
+        if scratch:
+            os.unlink(target)
+    fs = fs_type(os.path.dirname(os.path.abspath(target)))
+    kind = FS_PROFILES.get(fs, "parallel")
+    one = max(stream.values(), default=PROFILES[kind].stream_bw)
+    best_agg = max(agg.values(), default=one)
+    # streams a node keeps busy: the fewest that reach 90% of the best aggregate
+    spn = next((int(k) for k, v in agg.items() if v >= 0.9 * best_agg), 1)
+    base = PROFILES[kind]
+    return {
+        "name": "probed",
+        "latency_s": lat,
+        "stream_bw": one,
+        "node_bw": best_agg,
+        # one node cannot see the job's aggregate: local storage scales with the nodes,
+        # a shared file system keeps its documented default
+        "aggregate_bw": base.aggregate_bw,
+        "streams_per_node": spn,
+        "server_streams": base.server_streams,
+        "shared_cache": "node",
+        "fs_type": fs,
+        "source": f"feedline probe of {target} ({time.strftime('%Y-%m-%d %H:%M')})",
+        "notes": "aggregate_bw and server_streams are the documented defaults for this "
+        "file system type (one node cannot measure them)",
+        "measured": {
+            "latency_s": lat,
+            "stream_bw_by_block": stream,
+            "aggregate_bw_by_streams": agg,
+            "seconds": time.perf_counter() - t_start,
+        },
+    }
+
+
+# --------------------------------------------------------------- command line
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "probe",
+        help="measure the storage profile of a file system for the planner",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("path", metavar="PATH", help="a dataset file or directory on the storage")
+    p.add_argument("--seconds", type=float, default=20.0, help="time budget (default 20)")
+    p.add_argument("--json", metavar="FILE", help="also write the profile to FILE")
+    p.add_argument(
+        "--no-save", action="store_true", help="do not save it for the file system (cache dir)"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..plan.cost import StorageProfile
+
+    if not 1 <= args.seconds <= 600:
+        raise ConfigError("--seconds must be between 1 and 600")
+    doc = measure(args.path, args.seconds, progress=bool(defaults.get("progress")))
+    prof = StorageProfile.from_dict(doc)  # checks the fields
+    print(
+        f"{prof.name} profile of {args.path} ({prof.fs_type or 'unknown fs'}): latency "
+        f"{prof.latency_s * 1e3:.3f} ms, one stream {prof.stream_bw / 1e6:.0f} MB/s, node "
+        f"{prof.node_bw / 1e6:.0f} MB/s with {prof.streams_per_node} streams, page cache "
+        f"shared per {prof.shared_cache}"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if not args.no_save and doc.get("name") != "emulator":
+        print(f"saved for this file system: {save_profile(args.path, doc)}")
+    return 0
+
+
+__all__ = ["emulator_profile", "load_saved_profile", "measure", "mount_of", "save_profile"]

@@ -1,0 +1,92 @@
+"""``feedline probe``: a measured storage profile, saved per file system and used by the
+planner; an emulator mount reports its own profile."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from feedline.cli import main
+from feedline.emulate import Emulator, EmulatorParams, EmulatorUnavailable, check_available
+from feedline.errors import ConfigError
+from feedline.io import probe
+from feedline.plan.cost import StorageProfile, get_profile
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("FEEDLINE_CACHE_DIR", str(d))
+    return d
+
+
+def test_probe_measures_saves_and_the_planner_uses_it(tmp_path, cache, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    out = tmp_path / "p.json"
+    assert main(["probe", str(data), "--seconds", "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "saved for this file system" in text
+    doc = json.loads(out.read_text())
+    m = doc["measured"]
+    # every block size of the sweep was timed (small ones are fast), each a real rate
+    assert set(m["stream_bw_by_block"]) <= {str(b) for b in probe.BLOCKS}
+    assert str(4096) in m["stream_bw_by_block"] and all(
+        v > 0 for v in m["stream_bw_by_block"].values()
+    )
+    assert m["aggregate_bw_by_streams"] and doc["latency_s"] > 0
+    assert m["seconds"] < 4 * 3  # bounded (the budget is checked between stages)
+    assert not [p for p in os.listdir(data) if p.startswith(".feedline-probe-")]  # scratch gone
+    prof = get_profile(None, str(data))
+    assert prof.name == "probed" and prof.source.startswith("feedline probe")
+    assert prof.latency_s == pytest.approx(doc["latency_s"])
+    # an explicit profile still wins over the saved one
+    assert get_profile("parallel", str(data)).name == "parallel"
+
+
+def test_probe_no_save_and_errors(tmp_path, cache, capsys):
+    data = tmp_path / "d"
+    data.mkdir()
+    assert main(["probe", str(data), "--seconds", "2", "--no-save"]) == 0
+    assert not cache.exists() or not list(cache.rglob("*.json"))
+    assert get_profile(None, str(data)).name != "probed"
+    assert main(["probe", str(tmp_path / "missing")]) == 1
+    assert "no such file or directory" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        probe.measure(str(tmp_path / "missing"), 1)
+
+
+def test_damaged_saved_profile_is_ignored(tmp_path, cache):
+    data = tmp_path / "d"
+    data.mkdir()
+    probe.save_profile(str(data), {"name": "probed"})  # lacks the required fields
+    assert get_profile(None, str(data)).name in ("local", "memory", "parallel")
+
+
+def _emulator_ok() -> bool:
+    try:
+        check_available()
+    except EmulatorUnavailable:
+        return False
+    return os.geteuid() == 0
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(not _emulator_ok(), reason="storage emulator unavailable")
+def test_emulator_mount_reports_its_own_profile(tmp_path, cache, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.bin").write_bytes(b"x" * 4096)
+    params = EmulatorParams(latency_us=700, node_mbps=900, aggregate_mbps=1500, servers=3)
+    with Emulator(src, tmp_path / "mnt", nodes=2, params=params) as emu:
+        path = os.path.join(emu.node_template.replace("{node}", "1"), "f.bin")
+        prof = get_profile(None, path)
+        assert isinstance(prof, StorageProfile) and prof.name == "emulator"
+        assert prof.latency_s == pytest.approx(700e-6)
+        assert prof.node_bw == pytest.approx(900e6)
+        assert prof.aggregate_bw == pytest.approx(1500e6)
+        assert prof.shared_cache == "view"
+        assert main(["probe", path, "--seconds", "1"]) == 0
+        assert "emulator profile" in capsys.readouterr().out
