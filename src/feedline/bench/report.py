@@ -343,9 +343,11 @@ def _bars(
     title: str,
     stacked: bool = False,
     errs: list[tuple[float, float]] | None = None,
+    marks: dict[str, list[float]] | None = None,
 ) -> str:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(names) + 2), 3.6))
+    wide = 3.0 if len(series) + len(marks or {}) > 1 else 0.0  # room for the legend
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(names) + 2) + wide, 3.6))
     x = list(range(len(names)))
     bottom = [0.0] * len(names)
     width = 0.8 if stacked or len(series) == 1 else 0.8 / len(series)
@@ -362,11 +364,13 @@ def _bars(
                     [hi - v for v, (_, hi) in zip(vals, errs, strict=True)],
                 ]
             ax.bar(xs, vals, width, label=label, yerr=yerr, capsize=3 if yerr else 0)
+    for label, vals in (marks or {}).items():
+        ax.scatter(x, vals, marker="_", s=400, color="black", linewidths=2, label=label, zorder=3)
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    if len(series) > 1:
-        ax.legend()
+    if len(series) + len(marks or {}) > 1:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -395,25 +399,34 @@ def _mean(values: list[Any]) -> float:
 
 def plot_breakdown(doc: dict[str, Any], path: str) -> str | None:
     """Seek, read, other and skew seconds per run, averaged over ranks (LMDBIO's
-    breakdown); a bar adds up to the job time."""
+    breakdown); a bar adds up to the job time.
+
+    Sources that read in background threads spend more I/O thread-seconds than wall
+    seconds (reads overlap each other and the consumer): their bar shows the part of the
+    rank's time not spent elsewhere as I/O, and a black mark the I/O thread-seconds."""
     runs = _ok(doc)
-    series = {k: [_mean(r["stats"][f"{k}_s"]) for r in runs] for k in ("seek", "io")}
-    if not runs or not any(v for vals in series.values() for v in vals):
+    if not runs:
         return None
-    # the rest of each rank's own time (CPU, copies, compute) and its wait for the
-    # slowest rank, so that each bar adds up to the job time
-    series["other"] = [
-        _mean(
-            [
-                max(0.0, (t or 0) - (s or 0) - (i or 0))
-                for t, s, i in zip(
-                    r["stats"]["time_s"], r["stats"]["seek_s"], r["stats"]["io_s"], strict=True
-                )
-            ]
-        )
-        for r in runs
-    ]
+    seek, io, other, thread_io = [], [], [], []
+    for r in runs:
+        st = r["stats"]
+        per = [
+            (t or 0.0, s or 0.0, i or 0.0)
+            for t, s, i in zip(st["time_s"], st["seek_s"], st["io_s"], strict=True)
+        ]
+        seek.append(_mean([s for _, s, _ in per]))
+        io.append(_mean([min(i, max(0.0, t - s)) for t, s, i in per]))
+        other.append(_mean([max(0.0, t - s - min(i, max(0.0, t - s))) for t, s, i in per]))
+        thread_io.append(_mean([i for _, _, i in per]))
+    if not any(seek) and not any(thread_io):
+        return None
+    series = {"seek": seek, "io (wall)": io, "other": other}
+    # each rank's wait for the slowest rank, so that each bar adds up to the job time
     series["skew"] = [_mean(r["stats"]["skew_s"]) for r in runs]
+    overlapped = [
+        t if t > i * 1.05 + 1e-3 else float("nan") for t, i in zip(thread_io, io, strict=True)
+    ]
+    marks = {"I/O thread-seconds (background threads, overlapping)": overlapped}
     return _bars(
         path,
         [r["name"] for r in runs],
@@ -421,6 +434,7 @@ def plot_breakdown(doc: dict[str, Any], path: str) -> str | None:
         "seconds (mean over ranks)",
         f"{doc['scenario']}: time breakdown",
         stacked=True,
+        marks=marks if any(v == v for v in overlapped) else None,
     )
 
 
