@@ -22,6 +22,7 @@ from feedline.plan import (
     sub_batch_bounds,
 )
 from feedline.plan._perm import derive_key, permute
+from feedline.plan.reads import PLAN_BYTES_PER_SAMPLE
 
 ASSIGNMENT_STRATEGIES = [
     Strategy(assignment="strided"),
@@ -299,7 +300,9 @@ def test_reads_cover_every_step_under_the_cap(preset, job, size, cap_steps):
     strategy = get_strategy(
         preset, coalesce_bytes=PRESETS[preset].coalesce_bytes and 200, coalesce_gap=7
     )
-    cap = 2 * cap_steps * size * (-(-B // world.size)) * (-(-world.size // world.nodes))
+    # per sample: its bytes, and the shared plan node sources keep beside aggregated reads
+    per_sample = size + (PLAN_BYTES_PER_SAMPLE if strategy.aggregated else 0)
+    cap = 2 * cap_steps * per_sample * (-(-B // world.size)) * (-(-world.size // world.nodes))
     records = FlatRecords(n, size, header=5)
     plan = make_plan(records, world, strategy, 1, 2, B, drop, memory_cap=cap)
     data = np.random.default_rng(0).integers(0, 256, 5 + n * size, dtype=np.uint8)

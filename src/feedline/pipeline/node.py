@@ -7,6 +7,12 @@ with ``Win.Allocate_shared`` (``World.node_array``, once per Loader); every rank
 node then copies its own sub-batch out, in delivery order. Fewer, larger reads per node
 and a single copy per sample.
 
+*Plans are made once per node.* The first reader plans each window (``window_ops``: which
+extents every reader reads and where each sample lands) just before reading it, and
+publishes the plan in the window's table (one per half) for the node's other ranks, who
+only select their own samples from it. No rank computes the node's whole epoch up front,
+and planning costs one rank's CPU per node instead of every rank's.
+
 *Protocol* (no collective per window). A small control block at the start of the
 window holds, per rank of the node, one int64 word ``pos`` = (pass, windows released)
 and, per reader, ``ready`` = (pass, windows complete) and ``fail`` = (pass, failed
@@ -126,8 +132,9 @@ def _enc(gen: int, count: int) -> int:
 class _Pass:
     """One pass (``start`` .. ``stop``/``finish``) of this rank."""
 
-    def __init__(self, gen: int, plan, steps: list, ops: list, key: int, after: list) -> None:
-        self.gen, self.plan, self.steps, self.ops, self.key = gen, plan, steps, ops, key
+    def __init__(self, gen: int, plan, steps: list, unit: int, key: int, after: list) -> None:
+        self.gen, self.plan, self.steps, self.unit, self.key = gen, plan, steps, unit, key
+        self.ops: dict[int, list] = {}  # window -> every reader's ReadOp (planned or shared)
         self.after = after  # serving threads of older passes: read nothing before they end
         self.futures: dict[int, Any] = {}
         self.next_submit = 0
@@ -158,34 +165,37 @@ class NodeWindowSource(Source):
         self._pause = defaults.get("poll_sleep_us") * 1e-6
 
     # -------------------------------------------------------------- layout
-    def _layout(self, n: int, k: int, half: int) -> None:
-        self._n, self._k = n, k
+    def _layout(self, n: int, k: int, half: int, tab: int) -> None:
+        self._n, self._k, self._tab = n, k, tab
         self._w_pos = _HEAD
         self._w_steps = _HEAD + n
         self._w_key = _HEAD + 2 * n
         self._w_ready = _HEAD + 3 * n
         self._w_fail = _HEAD + 3 * n + k
         self._w_rkey = _HEAD + 3 * n + 2 * k  # the pass key of each reader's last flag
-        words = _HEAD + 3 * n + 3 * k
+        self._w_planned = _HEAD + 3 * n + 3 * k  # (pass, windows planned by the first reader)
+        words = _HEAD + 3 * n + 3 * k + 1
         self._err0 = -(-words * 8 // 64) * 64
-        ctrl = self._err0 + k * _ERR_BYTES
+        self._tab0 = -(-(self._err0 + k * _ERR_BYTES) // 64) * 64
+        ctrl = self._tab0 + 2 * tab
         self._data0 = -(-ctrl // 4096) * 4096
         self._total = self._data0 + 2 * max(half, 1)
 
-    def _allocate(self, half: int) -> None:
-        self._layout(self._n, self._k, half)
+    def _allocate(self, half: int, tab: int) -> None:
+        self._layout(self._n, self._k, half, tab)
         shm = self.world.node_array(self._total, np.uint8, owner=0)
         shm.lock_all()
         self._shm = shm
         self._half = max(half, 1)
         self._ctl = shm.array[: self._err0].view(np.int64)
+        self._tabs = shm.array[self._tab0 : self._tab0 + 2 * tab].reshape(2, tab)
         data = shm.array[self._data0 : self._data0 + 2 * self._half]
         self._halves = data.reshape(2, self._half)
         self._stats["window_bytes"] = 2 * half
 
     # ---------------------------------------------------------------- setup
     def start(self, plan, first_step: int) -> None:
-        from ..plan.reads import unit_of, window_ops, windows
+        from ..plan.reads import unit_of, windows
 
         self.stop()
         self._stop_evt.clear()
@@ -200,12 +210,9 @@ class NodeWindowSource(Source):
         self._reader_idx = np.array([r - ranks.start for r in readers], dtype=np.int64)
         unit, _ = unit_of(plan, readers[0])
         steps = windows(plan)
-        # every rank computes all readers' operations (pure): where each sample lands
-        ops = [window_ops(plan, unit, readers, r, st) for r, st in enumerate(steps)]
-        sizes = [sum(op.nbytes for op in o) for o in ops]
         rpn = len(ranks)
-        half = max(max(sizes, default=0), self.memory_bytes(plan) * rpn // 2, 1)
-        key = _plan_key(plan, first_step, sizes)
+        half, tab = _window_bytes(plan, rpn, len(readers))
+        key = _plan_key(plan, first_step)
         if self._is_reader and self._reader is None:
             self._reader = ExtentReader(
                 self.ctx.dataset.files, self.ctx.options.io_threads, plan.strategy.read
@@ -213,17 +220,17 @@ class NodeWindowSource(Source):
         self._gen += 1
         if self._shm is None:
             self._n, self._k = rpn, len(readers)
-            self._allocate(half)  # collective: the node's first pass
-        elif max(sizes, default=0) > self._half:
-            self._regrow(half, key)
+            self._allocate(half, tab)  # collective: the node's first pass
+        elif half > self._half or tab > self._tab:
+            self._regrow(max(half, self._half), max(tab, self._tab), key)
         self._ctl[self._w_key + self._me] = key
         self._publish(self._w_pos + self._me, _enc(self._gen, 0))
         self._serving = [(t, e) for t, e in self._serving if t.is_alive()]
-        self._pass = _Pass(self._gen, plan, steps, ops, key, [t for t, _ in self._serving])
+        self._pass = _Pass(self._gen, plan, steps, unit, key, [t for t, _ in self._serving])
         if self._is_reader:
             self._pump(self._pass)
 
-    def _regrow(self, half: int, key: int) -> None:
+    def _regrow(self, half: int, tab: int, key: int) -> None:
         """A larger window: every rank of the node is in this same ``start`` (same plan)."""
         g = self._gen
         self._ctl[self._w_key + self._me] = key
@@ -239,7 +246,7 @@ class NodeWindowSource(Source):
             t.join()
         self._serving = []
         self._shm.free()  # collective over the node, every rank is here
-        self._allocate(half)
+        self._allocate(half, tab)
 
     # ------------------------------------------------------------ control words
     def _publish(self, word: int, value: int) -> None:
@@ -269,6 +276,42 @@ class NodeWindowSource(Source):
                         f"(epoch/step) than rank {self.ctx.rank} at the same pass number: the "
                         "ranks of a node must iterate the same epochs and steps"
                     )
+
+    # ------------------------------------------------------------ window plans
+    def _plan_window(self, P: _Pass, r: int) -> list:
+        """The first reader plans window *r* and publishes the plan in table ``r % 2``."""
+        from ..plan.reads import window_ops
+
+        ops = window_ops(P.plan, P.unit, self._readers, r, P.steps[r], cap=self._half)
+        P.ops[r] = ops
+        words = self._tabs[r % 2].view(np.int64)
+        n = _pack_ops(ops, words[3:])
+        words[0], words[1], words[2] = n, P.key, r  # n < 0: too large, the others plan it
+        self._publish(self._w_planned, _enc(P.gen, r + 1))
+        return ops
+
+    def _shared_ops(self, P: _Pass, r: int) -> list:
+        """Window *r*'s plan: this rank's own, or the first reader's from the table."""
+        ops = P.ops.get(r)
+        if ops is not None:
+            return ops
+        self._shm.sync()
+        words = self._tabs[r % 2].view(np.int64)
+        n, key, win = (int(x) for x in words[:3])
+        if key != P.key or win != r:
+            raise NodeOutOfStepError(
+                f"the plan of window {r} in node {self._node}'s table belongs to another pass "
+                f"(epoch/step) than rank {self.ctx.rank}'s: the ranks of a node must iterate "
+                "the same epochs and steps"
+            )
+        if n < 0:  # pragma: no cover - see _plan_window
+            from ..plan.reads import window_ops
+
+            ops = window_ops(P.plan, P.unit, self._readers, r, P.steps[r], cap=self._half)
+        else:
+            ops = _unpack_ops(words[3 : 3 + n], r, P.steps[r])
+        P.ops[r] = ops
+        return ops
 
     # ------------------------------------------------------------- reader duty
     def _read_window(self, P: _Pass, r: int):
@@ -306,8 +349,14 @@ class NodeWindowSource(Source):
                 return  # some rank still reads the half of window w-2 (or an older pass)
             if (pos >= _enc(P.gen, _DEPARTED)).all():
                 return  # nobody needs it
+            if self._my > 0 and self._ctl[self._w_planned] < _enc(P.gen, w + 1):
+                return  # the first reader has not planned it yet
             self._shm.sync()
             try:
+                if self._my == 0:
+                    self._plan_window(P, w)
+                else:
+                    self._shared_ops(P, w)
                 P.futures[w] = self._read_window(P, w)
             except BaseException as e:
                 self._fail(P, w, e)
@@ -421,7 +470,10 @@ class NodeWindowSource(Source):
             time.sleep(self._pause)
         self._shm.sync()  # the readers' data is visible after their flags
         self._stats["node_syncs"] += 1
-        P.cur = window_layout(P.plan, P.ops[r], P.steps[r], self.ctx.rank, self._rank_lo)
+        ops = self._shared_ops(P, r)
+        P.cur = window_layout(P.plan, ops, P.steps[r], self.ctx.rank, self._rank_lo)
+        for old in [w for w in P.ops if w < r - 1]:
+            del P.ops[old]
         P.win = r
 
     def get(self, step: int) -> RawBatch:
@@ -504,13 +556,12 @@ class NodeWindowSource(Source):
         shm.sync()
 
     def memory_bytes(self, plan) -> int:
-        from ..plan.reads import window_steps
-
-        # two halves of one window of the node's samples (the planner keeps holes within
-        # the cap); per rank, since the Loader multiplies by the ranks of a node
+        # two halves and two plan tables of one window of the node's samples; per rank,
+        # since the Loader multiplies by the ranks of a node
         rpn = max(1, self.ctx.ranks_per_node)
-        unit = -(-plan.batch_size // plan.world.size) * rpn
-        return 2 * window_steps(plan) * unit * int(plan.records.max_length) // rpn
+        readers = plan.strategy.readers_per_node or 1
+        half, tab = _window_bytes(plan, rpn, readers)
+        return 2 * (half + tab) // rpn
 
     def stats(self) -> dict[str, Any]:
         st = (
@@ -538,10 +589,85 @@ class NodeWindowSource(Source):
                 self._reader = None
 
 
-def _plan_key(plan, first_step: int, sizes: list[int]) -> int:
+def _window_bytes(plan, rpn: int, readers: int) -> tuple[int, int]:
+    """Bytes of one half of the node window and of one plan table (pure in the plan).
+
+    A table holds the plan of one window (``_pack_ops``: 5 words per sample, 3 per
+    extent, at most one extent per sample). A half holds a window's payload at worst
+    (every sample at the longest record) and, within the node's share of the memory cap,
+    half as much again for holes read through (LMDB page headers, gaps merged across);
+    ``window_ops`` merges exact neighbours only when holes would not fit.
+    """
+    from ..plan.reads import PLAN_BYTES_PER_SAMPLE, window_cap, window_steps
+
+    unit = -(-plan.batch_size // plan.world.size) * rpn  # a node's samples per step, at most
+    samples = window_steps(plan) * unit
+    payload = samples * int(plan.records.max_length)
+    tab = 8 * (3 + _OP_HEAD * readers) + PLAN_BYTES_PER_SAMPLE * samples
+    half = max(payload, min(window_cap(plan) - tab, payload * 3 // 2), 1)
+    return int(half), int(tab)
+
+
+_OP_HEAD = 4  # words per reader in a packed plan: reader, extents, samples, bytes
+
+
+def _pack_ops(ops: list, out: np.ndarray) -> int:
+    """Pack a window's ReadOps into int64 words *out*; returns the words used (-1: too
+    few words)."""
+    need = sum(_OP_HEAD + 3 * len(o.lengths) + 5 * len(o.ids) for o in ops)
+    if need > len(out):  # pragma: no cover - tables are sized for the worst window
+        return -1
+    at = 0
+    for o in ops:
+        e, m = len(o.lengths), len(o.ids)
+        out[at : at + _OP_HEAD] = (o.reader, e, m, o.nbytes)
+        at += _OP_HEAD
+        for a, k in (
+            (o.file_ids, e),
+            (o.offsets, e),
+            (o.lengths, e),
+            (o.ids, m),
+            (o.step, m),
+            (o.slot, m),
+            (o.src, m),
+            (o.size, m),
+        ):
+            out[at : at + k] = a
+            at += k
+    return at
+
+
+def _unpack_ops(words: np.ndarray, r: int, steps: range) -> list:
+    """The ReadOps packed by :func:`_pack_ops` (arrays copied out of the table)."""
+    from ..plan.reads import ReadOp
+
+    ops, at = [], 0
+    while at < len(words):
+        reader, e, m, _ = (int(x) for x in words[at : at + _OP_HEAD])
+        at += _OP_HEAD
+        cols = []
+        for k in (e, e, e, m, m, m, m, m):
+            cols.append(words[at : at + k].copy())
+            at += k
+        fid, off, ln, ids, step, slot, src, size = cols
+        ops.append(ReadOp(reader, r, steps, fid, off, ln, ids, step, slot, src, size))
+    return ops
+
+
+def _plan_key(plan, first_step: int) -> int:
     """A 62-bit digest of what a pass delivers (equal on every rank of a node)."""
     h = hashlib.blake2b(digest_size=8)
-    h.update(repr((getattr(plan, "epoch", None), first_step, plan.num_steps, sizes)).encode())
+    st = plan.strategy
+    ident = (
+        getattr(plan, "epoch", None),
+        getattr(plan, "seed", None),
+        first_step,
+        plan.num_steps,
+        plan.batch_size,
+        plan.world.size,
+        sorted(st.to_dict().items()) if hasattr(st, "to_dict") else repr(st),
+    )
+    h.update(repr(ident).encode())
     return int.from_bytes(h.digest(), "little") >> 2
 
 

@@ -326,7 +326,7 @@ def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
 
     Raises ConfigError when not even one step fits.
     """
-    from .reads import LIVE_WINDOWS
+    from .reads import LIVE_WINDOWS, PLAN_BYTES_PER_SAMPLE
 
     P, M, B = sh.ranks, sh.nodes, sh.batch
     per_rank = -(-B // P)
@@ -335,7 +335,8 @@ def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
     else:
         unit_samples, units_per_node, mean_unit = per_rank, -(-P // M), B / P
     cap_unit = sh.cap // (LIVE_WINDOWS * units_per_node)
-    worst_step = unit_samples * sh.max_len * sh.span
+    meta = PLAN_BYTES_PER_SAMPLE if unit == "node" else 0  # the node's shared plan tables
+    worst_step = unit_samples * (sh.max_len * sh.span + meta)
     if worst_step > cap_unit:
         raise ConfigError(
             f"memory cap {sh.cap} bytes per node cannot hold two steps of reads "

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 LIVE_WINDOWS = 2  # double buffering: one window consumed while the next is read
+#: bytes per sample of a window's plan that node sources keep beside its data (the node
+#: source publishes each window's plan in shared memory: 5 words per sample, 3 per extent)
+PLAN_BYTES_PER_SAMPLE = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +128,8 @@ def window_steps(plan: Plan) -> int:
         return int(max(1, min(w_fixed, max(plan.num_steps, 1))))
     unit_samples, _, k, mean_unit = _unit_shape(plan)
     cap = window_cap(plan)
-    worst_step = unit_samples * plan.records.max_length
+    meta = PLAN_BYTES_PER_SAMPLE if s.aggregated else 0
+    worst_step = unit_samples * (plan.records.max_length + meta)
     if worst_step > cap:
         raise ConfigError(
             f"memory cap {plan.memory_cap} bytes per node cannot hold two steps of reads "
@@ -227,12 +231,15 @@ def _merge(fid, off, ln, gap: int, separate: bool):
     return fid[heads], e_off, e_len, which
 
 
-def window_ops(plan: Plan, unit: int, readers: list[int], r: int, steps: range) -> list[ReadOp]:
+def window_ops(
+    plan: Plan, unit: int, readers: list[int], r: int, steps: range, cap: int | None = None
+) -> list[ReadOp]:
     """The read operations of every reader of *unit* for window *r*.
 
-    Holes are read through only while the window stays under its memory share: the
-    payload always fits (``window_steps`` sized it), and a reader whose merged extents
-    would exceed its share of the remaining room merges exact neighbours only.
+    Holes are read through only while the window stays under its memory share (*cap*
+    bytes, default :func:`window_cap`): the payload always fits (``window_steps`` sized
+    it), and a reader whose merged extents would exceed its share of the remaining room
+    merges exact neighbours only.
     """
     s = plan.strategy
     pos, step, slot = _unit_positions(plan, unit, steps)
@@ -249,7 +256,7 @@ def window_ops(plan: Plan, unit: int, readers: list[int], r: int, steps: range) 
     gap = 0 if s.sample_reads else s.coalesce_gap
     ops = []
     cuts = np.searchsorted(part, np.arange(k + 1))
-    room = max(window_cap(plan) - int(ln.sum()), 0) // k
+    room = max((window_cap(plan) if cap is None else cap) - int(ln.sum()), 0) // k
     for i, reader in enumerate(readers):
         a, b = cuts[i], cuts[i + 1]
         e_fid, e_off, e_len, which = _merge(fid[a:b], off[a:b], ln[a:b], gap, s.sample_reads)
