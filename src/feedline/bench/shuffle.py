@@ -218,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
                 "rl": float(_rl.randomization_level(plan0)),
                 "rl_observed": float(_rl.rl_of_sequence(order0)),
                 "class_mix": class_mix(order0, y, args.batch_size, classes),
+                "classes_per_batch": _rl.classes_per_batch(order0, y, args.batch_size),
+                "disk_correlation": _rl.disk_order_correlation(order0),
                 "accuracy": None,
                 "loss": None,
             }
@@ -274,14 +276,16 @@ def markdown(doc: dict[str, Any]) -> str:
         f"## feedline bench shuffle: {doc['samples']:,} cifar10-large-shaped samples "
         f"(class-sorted), {doc['ranks']} ranks, global batch {doc['batch_size']}, "
         f"{doc['epochs']} epoch(s), held out {doc.get('test_samples', 0):,}\n",
-        "| order | RL (model) | RL (observed) | class mix per batch | held-out accuracy "
-        "| final train loss |\n|---|---|---|---|---|---|",
+        "| order | RL (model) | RL (observed) | class mix per batch | classes per batch "
+        "| corr. with disk order | held-out accuracy | final train loss |\n"
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in doc.get("rows", []):
         loss = "-" if r["loss"] is None else f"{r['loss']:.3f}"
         out.append(
             f"| {r['order']} | {_p(r['rl'])} | {_p(r['rl_observed'])} | "
-            f"{r['class_mix']:.2f} | {_p(r['accuracy'])} | {loss} |"
+            f"{r['class_mix']:.2f} | {r.get('classes_per_batch', float('nan')):.1f} | "
+            f"{r.get('disk_correlation', float('nan')):+.3f} | {_p(r['accuracy'])} | {loss} |"
         )
     cal = doc["calibration"]
     ns = list(cal[0]["feedline"])

@@ -180,7 +180,7 @@ def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float
             wl = x._stream.window_len
             per_unit = np.diff(x._stream.starts)
             mean_w = float(np.minimum(wl, np.maximum(per_unit, 1)).mean()) if len(wl) else 1.0
-            return rl_of_strategy(x.n, x.strategy, tile=max(1, int(round(mean_w))))
+            return rl_of_strategy(x.n, x.strategy, tile=max(1, round(mean_w)))
         return rl_of_strategy(x.n, x.strategy, tile=getattr(x._stream, "tile", None))
     if isinstance(x, (Strategy, str)):
         if n is None:
@@ -250,3 +250,32 @@ def batch_cooccurrence(order_a, order_b, batch_size: int) -> float:
         return 0.0
     expected = (batch_size - 1) / (n - 1)
     return (both / pairs) / expected
+
+
+def disk_order_correlation(ids) -> float:
+    """Spearman rank correlation between delivery position and sample id (ids are in the
+    order of the disk): 1 = file order, ~0 = no drift through the file (a full shuffle
+    gives ~ +-1/sqrt(N))."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(ids)
+    if n < 2:
+        return 0.0
+    r = np.empty(n, dtype=np.float64)
+    r[np.argsort(ids, kind="stable")] = np.arange(n, dtype=np.float64)
+    pos = np.arange(n, dtype=np.float64)
+    r -= r.mean()
+    pos -= pos.mean()
+    return float((r @ pos) / np.sqrt((r @ r) * (pos @ pos)))
+
+
+def classes_per_batch(ids, labels, batch_size: int) -> float:
+    """Mean number of distinct labels in consecutive batches of *batch_size* of *ids*
+    (on class-sorted data: how well a batch mixes the classes)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    labels = np.asarray(labels)
+    if len(ids) == 0:
+        return 0.0
+    counts = [
+        len(np.unique(labels[ids[a : a + batch_size]])) for a in range(0, len(ids), batch_size)
+    ]
+    return float(np.mean(counts))
