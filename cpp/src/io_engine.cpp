@@ -196,7 +196,9 @@ struct EngineState {
   std::uint64_t submissions = 0;
 
   EngineState(std::vector<std::string> paths, const IoOptions& opts)
-      : options(opts), files(std::move(paths), opts.alignment) {}
+      : options(opts), files(std::move(paths), opts.alignment) {
+    files.set_random_access(opts.method == IoMethod::pread_random);
+  }
 
   void worker();
   void run_task(Submission& s, std::size_t task, Bounce& bounce);
@@ -258,6 +260,7 @@ void EngineState::read_piece(const Piece& p, Bounce& bounce, ReadContext& rc, Ta
   rc.path = &files.path(p.file);
   switch (options.method) {
     case IoMethod::pread:
+    case IoMethod::pread_random:
       read_buffered(p, rc, tally);
       break;
     case IoMethod::odirect:
@@ -369,8 +372,9 @@ IoMethod parse_io_method(std::string_view name) {
   if (name == "pread") return IoMethod::pread;
   if (name == "odirect") return IoMethod::odirect;
   if (name == "mmap") return IoMethod::mmap;
+  if (name == "pread-random") return IoMethod::pread_random;
   throw std::invalid_argument("unknown I/O method '" + std::string(name) +
-                              "' (expected pread, odirect or mmap)");
+                              "' (expected pread, odirect, mmap or pread-random)");
 }
 
 const char* to_string(IoMethod method) noexcept {
@@ -378,6 +382,7 @@ const char* to_string(IoMethod method) noexcept {
     case IoMethod::pread: return "pread";
     case IoMethod::odirect: return "odirect";
     case IoMethod::mmap: return "mmap";
+    case IoMethod::pread_random: return "pread-random";
   }
   return "?";
 }

@@ -73,6 +73,7 @@ int FileTable::buffered_fd(std::int32_t id) {
   if (fd >= 0) return fd;
   fd = open_retrying(paths_[id], 0);
   if (fd < 0) throw_errno(paths_[id], errno, "open");
+  if (random_access_) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // advice only
   s.fd.store(fd, std::memory_order_release);
   return fd;
 }

@@ -194,7 +194,8 @@ TEST_P(EngineMethods, MissingFileIsStorageFailure) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, EngineMethods,
-                         ::testing::Values(IoMethod::pread, IoMethod::odirect, IoMethod::mmap),
+                         ::testing::Values(IoMethod::pread, IoMethod::odirect, IoMethod::mmap,
+                                           IoMethod::pread_random),
                          [](const auto& info) { return std::string(feedline::to_string(info.param)); });
 
 TEST(IoEngine, LargeExtentIsSplitIntoChunksOverThreads) {

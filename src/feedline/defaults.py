@@ -36,7 +36,7 @@ KNOBS: dict[str, _Knob] = {
     ),
     "nodes": _Knob(0, "emulated nodes (0: from COMM_TYPE_SHARED)"),
     "io_threads": _Knob(4, "native I/O threads per reader"),
-    "io_method": _Knob("pread", "I/O engine read method: pread, odirect or mmap"),
+    "io_method": _Knob("pread", "I/O engine read method: pread, odirect, mmap or pread-random"),
     "io_chunk_mib": _Knob(
         8, "largest single read of the I/O engine in MiB (longer extents are split)"
     ),

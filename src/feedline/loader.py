@@ -263,13 +263,15 @@ class Loader:
     def _default_read(self) -> str:
         """``odirect`` when this node's files are too big for its page cache to keep
         them until the next epoch (FEEDLINE_DIRECT_ABOVE, default RAM/2): caching them
-        would only cost CPU and evict other data. Else buffered ``pread``, so that epochs
+        would only cost CPU and evict other data. Else buffered ``pread-random`` (the
+        kernel's read-ahead off: tiles are large and scattered, and read-ahead past their
+        ends is bandwidth spent on bytes nobody asked for), so that epochs
         after the first read from memory."""
         try:
             total = sum(os.path.getsize(f) for f in self.dataset.files)
         except OSError:
             return "odirect"
-        return "odirect" if total > int(defaults.get("direct_above")) else "pread"
+        return "odirect" if total > int(defaults.get("direct_above")) else "pread-random"
 
     def _resolve_cap(self, memory_cap) -> int:
         from .pipeline.options import parse_bytes

@@ -36,10 +36,13 @@ enum class IoMethod : int {
   odirect,  ///< `O_DIRECT` reads into aligned bounce buffers (or straight into the
             ///< destination when it is aligned); buffered where the file system refuses
   mmap,     ///< `memcpy` from a read-only mapping: the reactive-paging baseline
+  pread_random,  ///< buffered `pread(2)` with the kernel's read-ahead off
+                 ///< (`POSIX_FADV_RANDOM`): large scattered reads (tiles) that read-ahead
+                 ///< past their ends would only waste bandwidth on
 };
 
 /**
- * @brief Parse "pread", "odirect" or "mmap".
+ * @brief Parse "pread", "odirect", "mmap" or "pread-random".
  * @throws std::invalid_argument for any other name.
  */
 IoMethod parse_io_method(std::string_view name);

@@ -33,7 +33,7 @@ import numpy as np
 from .. import _core, defaults
 from ..errors import ConfigError
 
-METHODS = ("pread", "odirect", "mmap")
+METHODS = ("pread", "odirect", "mmap", "pread-random")
 _MiB = 1 << 20
 _WAIT_SLICE_S = 0.05  # waits are sliced so that Ctrl-C reaches a blocked caller
 

@@ -18,7 +18,7 @@ Assignment = Literal["strided", "skip", "contiguous", "global", "chunk", "memory
 ChunkLayout = Literal["column", "rank"]
 Region = Literal["rank", "node"]
 Locate = Literal["seek", "speculative", "index"]
-ReadMethod = Literal["mmap", "pread", "odirect"]
+ReadMethod = Literal["mmap", "pread", "odirect", "pread-random"]
 Store = Literal["off", "ordered", "opportunistic", "auto"]
 
 ASSIGNMENTS = ("strided", "skip", "contiguous", "global", "chunk", "memory", "window")
@@ -68,7 +68,7 @@ class Strategy:
     locate : {"seek", "speculative", "index"}
         How records are found: walk the LMDB tree at run time, LMDBIO-DM speculation,
         or seek-free from the index / provenance.
-    read : {"mmap", "pread", "odirect"}
+    read : {"mmap", "pread", "odirect", "pread-random"}
         The read system call family.
     coalesce_bytes : int
         Merge the extents of future steps into reads of at least this many bytes,
@@ -136,8 +136,8 @@ class Strategy:
             raise ConfigError(f"region must be 'rank' or 'node', not {self.region!r}")
         if self.locate not in ("seek", "speculative", "index"):
             raise ConfigError(f"locate must be seek, speculative or index, not {self.locate!r}")
-        if self.read not in ("mmap", "pread", "odirect"):
-            raise ConfigError(f"read must be mmap, pread or odirect, not {self.read!r}")
+        if self.read not in ("mmap", "pread", "odirect", "pread-random"):
+            raise ConfigError(f"read must be mmap, pread, odirect or pread-random, not {self.read!r}")
         if self.store not in ("off", "ordered", "opportunistic", "auto"):
             raise ConfigError(
                 f"store must be off, ordered, opportunistic or auto, not {self.store!r}"

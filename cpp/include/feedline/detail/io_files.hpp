@@ -50,6 +50,10 @@ class FileTable {
   /// @brief The buffered descriptor. @throws StorageFailure when open fails
   int buffered_fd(std::int32_t id);
 
+  /// @brief Open buffered descriptors with `POSIX_FADV_RANDOM` (no kernel read-ahead);
+  ///        call before the first read.
+  void set_random_access(bool on) noexcept { random_access_ = on; }
+
   /**
    * @brief The `O_DIRECT` descriptor, or fd == -1 when the file system refuses
    *        `O_DIRECT` for this file (EINVAL at open, or refuse_direct() was called).
@@ -92,6 +96,7 @@ class FileTable {
 
   std::vector<std::string> paths_;
   std::size_t alignment_override_;
+  bool random_access_ = false;
   std::unique_ptr<Slot[]> slots_;
 };
 
