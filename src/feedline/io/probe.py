@@ -97,6 +97,7 @@ def emulator_profile(path: str) -> dict[str, Any] | None:
         "aggregate_bw": min(float(p["aggregate_mbps"]) * 1e6, per_server * int(p["servers"])),
         "streams_per_node": int(p["server_concurrency"]) * int(p["servers"]),
         "server_streams": int(p["server_concurrency"]) * int(p["servers"]),
+        "seek_s": float(p.get("seek_us", 0.0)) * 1e-6,
         "shared_cache": "view",
         "fs_type": "fuse",
         "source": f"storage emulator at {doc.get('mountpoint')} (its parameters)",

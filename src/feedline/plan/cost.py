@@ -64,6 +64,7 @@ class StorageProfile:
     aggregate_bw: float
     streams_per_node: int
     server_streams: int = 0
+    seek_s: float = 0.0  # paid by a request that does not continue the previous one
     shared_cache: str = "node"
     fs_type: str = ""
     source: str = "default"
@@ -396,7 +397,8 @@ def estimate(
         profile.stream_bw * min(depth, max(profile.streams_per_node, 1)),
         profile.node_bw / readers_on_node,
     )
-    lat = profile.latency_s * f
+    # every window piece starts at a random place of the file: latency plus a seek
+    lat = (profile.latency_s + profile.seek_s) * f
     t_lat = sys_unit * lat / depth
     t_bw = share / per_reader_bw
     t_agg = sh.file_bytes * f / profile.aggregate_bw if profile.aggregate_bw else 0.0
