@@ -140,6 +140,15 @@ void register_unpack(nb::module_& m) {
   m.def("scan_gzip_tfrecord", &scan_gzip, nb::arg("path"), nb::arg("spacing") = std::size_t{1} << 20,
         nb::arg("buffer_bytes") = std::size_t{8} << 20, nb::arg("verify_data") = true,
         "Scan a gzip TFRecord file: records (segment, at, length) and restart points.");
+  m.def(
+      "check_tfrecord_crcs",
+      [](Bytes buf, I64In src, I64In size) {
+        if (src.shape(0) != size.shape(0))
+          throw std::invalid_argument("check_tfrecord_crcs: src and size differ in length");
+        return check_tfrecord_crcs(buf.data(), buf.shape(0), src.data(), size.data(), src.shape(0));
+      },
+      nb::arg("buf"), nb::arg("src"), nb::arg("size"), nb::call_guard<ReleaseGil>(),
+      "First record whose TFRecord CRC (the 4 bytes after it in buf) mismatches, else -1.");
   m.def("gzip_window_bytes", []() { return kGzipWindow; });
 }
 

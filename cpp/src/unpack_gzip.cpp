@@ -109,6 +109,7 @@ class Frames {
                                 std::to_string(payload_start_) +
                                 " of the decompressed stream (stored " + hex(stored) +
                                 ", computed " + hex(mask_crc32c(crc_)) + ")");
+        finish_record(pos, consumed);
         fill_ = 0;
         state_ = 0;
       }
@@ -118,13 +119,18 @@ class Frames {
   bool between_records() const { return state_ == 0 && fill_ == 0; }
 
  private:
-  void finish_payload(std::uint64_t pos, std::uint64_t consumed) {
+  void finish_payload(std::uint64_t, std::uint64_t) {
+    fill_ = 0;
+    state_ = 2;
+  }
+
+  // The record's segment must deliver its payload and the 4-byte CRC after it, so that
+  // reads can verify every record they unpack.
+  void finish_record(std::uint64_t pos, std::uint64_t consumed) {
     const std::size_t seg = static_cast<std::size_t>(idx_.segment.back());
     const auto need = static_cast<std::int64_t>(pos) - seg_out_[seg];
     idx_.out[seg] = std::max(idx_.out[seg], need);
     idx_.end[seg] = std::max(idx_.end[seg], static_cast<std::int64_t>(consumed));
-    fill_ = 0;
-    state_ = 2;
   }
 
  public:
@@ -348,6 +354,19 @@ std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t i
            " of the segment: " + (z.s.msg ? z.s.msg : "zlib error " + std::to_string(ret));
   }
   return std::nullopt;
+}
+
+std::int64_t check_tfrecord_crcs(const std::uint8_t* buf, std::size_t buf_size,
+                                 const std::int64_t* src, const std::int64_t* size,
+                                 std::size_t count) noexcept {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (src[i] < 0 || size[i] < 0) return static_cast<std::int64_t>(i);
+    const auto a = static_cast<std::uint64_t>(src[i]), n = static_cast<std::uint64_t>(size[i]);
+    if (a > buf_size || n > buf_size - a || buf_size - a - n < 4) return static_cast<std::int64_t>(i);
+    if (load_u32(buf + a + n) != masked_crc32c(buf + a, static_cast<std::size_t>(n)))
+      return static_cast<std::int64_t>(i);
+  }
+  return -1;
 }
 
 }  // namespace feedline

@@ -242,12 +242,13 @@ class Dataset:
             info["record_bytes_max"] = int(idx.record_lengths.max())
             info["record_bytes_mean"] = float(idx.record_lengths.mean())
         info["payload_fraction"] = info["payload_bytes"] / max(1, info["file_bytes"])
-        if idx.packed is not None:
-            info["record_bytes_total"] = int(idx.packed.size.sum())
-            info["spans"] = len(idx.packed.span_out)
-            info["stored_span_bytes"] = int(
-                idx.lengths[np.unique(idx.packed.span, return_index=True)[1]].sum()
-            )
+        if idx.packed is not None:  # compressed: the payload is the spans' stored bytes
+            stored = int(idx.lengths[np.unique(idx.packed.span, return_index=True)[1]].sum())
+            info["payload_bytes"] = stored
+            info["payload_fraction"] = stored / max(1, info["file_bytes"])
+            info["compressed_spans"] = len(idx.packed.span_out)
+            info["unpacked_record_bytes"] = int(idx.packed.size.sum())
+            info["compression_ratio"] = round(info["unpacked_record_bytes"] / max(1, stored), 3)
         info.update(self._fmt.describe(idx))
         return info
 

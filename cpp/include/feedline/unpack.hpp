@@ -75,7 +75,7 @@ struct GzipTFRecordIndex {
   // per segment (a restart point and the compressed bytes its records need)
   std::vector<std::int64_t> start;    ///< compressed offset (byte holding the first bit)
   std::vector<std::int64_t> end;      ///< compressed end (exclusive) covering its records
-  std::vector<std::int64_t> out;      ///< output bytes its records need, from the restart
+  std::vector<std::int64_t> out;      ///< output bytes its records (and their CRCs) need
   std::vector<std::int32_t> bits;     ///< -1: a gzip member starts at @c start; else the
                                       ///< number of bits of byte @c start still unread
   std::vector<std::int32_t> window;   ///< index of its window in @c windows, -1 if none
@@ -117,5 +117,16 @@ GzipTFRecordIndex scan_gzip_tfrecord_bytes(const std::uint8_t* data, std::size_t
 std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t in_size,
                                            int bits, const std::uint8_t* window,
                                            std::uint8_t* out, std::size_t out_size);
+
+/**
+ * @brief Check the TFRecord payload CRCs of unpacked records.
+ *
+ * Record i is @p size[i] bytes at @p src[i] of @p buf, followed by its 4-byte masked
+ * CRC32C (as in the decompressed stream).
+ * @return the first record whose CRC does not match (or lies outside @p buf), else -1
+ */
+std::int64_t check_tfrecord_crcs(const std::uint8_t* buf, std::size_t buf_size,
+                                 const std::int64_t* src, const std::int64_t* size,
+                                 std::size_t count) noexcept;
 
 }  // namespace feedline

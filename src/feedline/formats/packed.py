@@ -80,6 +80,18 @@ class Unpacker:
             self._to_cache(uniq[todo], buf, out_starts[todo], out_sizes[todo])
         size = p.size[ids]
         src = out_starts[inverse.reshape(-1)] + p.at[ids]
+        if p.codec == "gzip":  # deflate has no checksum of its own inside a member
+            bad = int(_core.check_tfrecord_crcs(buf, src, size))
+            if bad >= 0:
+                sid = int(ids[bad])
+                fid, off, ln = self.index.extent(sid)
+                raise CorruptDataError(
+                    self.index.files[fid],
+                    off,
+                    f"sample {sid}: record of {int(size[bad])} bytes unpacked from gzip segment "
+                    f"{int(spans[bad])} ({ln} stored bytes) fails its TFRecord CRC: the file "
+                    "changed or is damaged",
+                )
         return _gather(buf, src, size), size
 
     def _unpack(self, raw, starts, sizes, ids, spans, buf, out_starts, out_sizes) -> None:
