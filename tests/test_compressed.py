@@ -373,3 +373,68 @@ def test_issue_size_gzip_shuffle_hdf5_every_preset(tmp_path):
                 assert b.data.tobytes() == block[b.ids - lo].tobytes()
                 seen += len(b.ids)
             assert seen == n
+
+
+# ---------------------------------------------------------------------- mpiexec
+
+MPI_PRESETS = "feedline,tf,tf-pre,async,async-db,deepio-ordered,deepio-opportunistic"
+
+
+@pytest.fixture(scope="module")
+def made_compressed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("made-compressed")
+    cf = generate("cosmoflow", str(root / "cf"), samples=40, cube=8, files=2,
+                  compression="gzip-shuffle", chunk_samples=4, progress=False)  # fmt: skip
+    tf = generate("tfrecord", str(root / "tf"), samples=60, files=2, compression="gzip",
+                  records_per_member=8, progress=False)  # fmt: skip
+    return {"cf": cf, "tf": tf}
+
+
+def reference_records(path: str) -> list[bytes]:
+    """Each sample's bytes as h5py / a plain TFRecord reader give them, in index order."""
+    m = json.loads(Path(path, ".feedline-make.json").read_text())
+    out: list[bytes] = []
+    for name in m["files"]:
+        f = os.path.join(path, name)
+        if m["format"] == "hdf5":
+            with h5py.File(f) as h:
+                out.extend(row.tobytes() for row in h["x"][...])
+        else:
+            out.extend(tfrecord_payloads(f))
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_mpiexec_every_preset_exact_bytes_once(made_compressed, tmp_path, n):
+    import hashlib
+
+    from test_loader_mpi import check_once, mpirun
+
+    data = ",".join(made_compressed.values())
+    res = mpirun(n, tmp_path / "o.json", "--data", data, "--presets", MPI_PRESETS, "--batch", "8")
+    check_once(res, n)
+    for path in made_compressed.values():
+        ref = reference_records(path)
+        for preset in MPI_PRESETS.split(","):
+            for rank in res[f"{path}|{preset}"]["ranks"]:
+                for _, _, ids, digest in rank:
+                    want = hashlib.sha256(b"".join(ref[i] for i in ids)).hexdigest()[:16]
+                    assert digest == want, (path, preset, ids)
+
+
+@pytest.mark.mpi
+def test_mpiexec_resume_at_another_world_size(made_compressed, tmp_path):
+    from test_loader_mpi import mpirun
+
+    data = made_compressed["cf"]  # 40 samples, batch 8: 5 steps
+    presets = "feedline,async,deepio-ordered"
+    head = mpirun(2, tmp_path / "h.json", "--data", data, "--presets", presets, "--batch", "8",
+                  "--stop", "2")  # fmt: skip
+    (tmp_path / "s.json").write_text(json.dumps({k: v["state"] for k, v in head.items()}))
+    tail = mpirun(4, tmp_path / "t.json", "--data", data, "--presets", presets, "--batch", "8",
+                  "--state", str(tmp_path / "s.json"))  # fmt: skip
+    for key in head:
+        seen = [i for rank in head[key]["ranks"] for x in rank if x[1] < 2 for i in x[2]]
+        seen += [i for rank in tail[key]["ranks"] for x in rank for i in x[2]]
+        assert sorted(seen) == list(range(40)), key
