@@ -45,7 +45,14 @@ class IndexRecords:
 
     @classmethod
     def from_index(cls, index) -> IndexRecords:
-        return cls(index.file_ids, index.offsets, index.lengths)
+        rec = cls(index.file_ids, index.offsets, index.lengths)
+        packed = getattr(index, "packed", None)
+        if packed is not None and rec.n:
+            # compressed spans: every sample's extent is its whole span, read once for all
+            # of them, so a sample costs its share of the span's stored bytes
+            first = np.unique(packed.span, return_index=True)[1]
+            rec._mean = float(np.asarray(index.lengths)[first].sum()) / rec.n
+        return rec
 
     def extents(self, ids):
         ids = np.asarray(ids, dtype=np.int64)
