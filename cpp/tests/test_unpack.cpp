@@ -48,11 +48,12 @@ Bytes smooth(std::size_t n, unsigned seed) {
 const int kShuffleDeflate[] = {2, 1};
 
 TEST(Unshuffle, InvertsHdf5ShuffleWithTail) {
-  for (std::size_t item : {1u, 2u, 4u, 8u}) {
-    const Bytes x = smooth(1003, 1);
+  for (std::size_t item : {1u, 2u, 3u, 4u, 8u})
+    for (std::size_t size : {0u, 5u, 63u, 64u, 1003u, 4096u, 4099u}) {
+    const Bytes x = smooth(size, 1);
     Bytes back(x.size());
     feedline::unshuffle(shuffle(x, item).data(), back.data(), x.size(), item);
-    EXPECT_EQ(back, x) << item;
+    EXPECT_EQ(back, x) << item << " " << size;
   }
 }
 
