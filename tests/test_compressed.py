@@ -145,7 +145,7 @@ def test_every_preset_delivers_h5py_bytes_once(h5, preset, ranks):
 
 
 def test_a_chunk_is_unpacked_once_when_its_samples_share_a_batch(h5):
-    p, x = h5
+    p, _x = h5
     ds = open_dataset(p)
     with Loader(ds, 32, preset="feedline", shuffle=False) as ld:
         list(ld)
@@ -339,7 +339,9 @@ def test_make_writes_compressed_hdf5_and_seekable_gzip_tfrecord(tmp_path):
     tf = generate("tfrecord", str(tmp_path / "tf"), samples=40, files=2, compression="gzip",
                   records_per_member=8, progress=False)  # fmt: skip
     manifest = json.loads(Path(tf, ".feedline-make.json").read_text())
-    assert manifest["compression"] == "gzip" and all(f.endswith(".tfrecord.gz") for f in manifest["files"])
+    assert manifest["compression"] == "gzip" and all(
+        f.endswith(".tfrecord.gz") for f in manifest["files"]
+    )
     ds = open_dataset(tf)
     assert ds.index.meta["gzip_members"] == 2 * (20 // 8 + 1)
     ref = [r for f in manifest["files"] for r in tfrecord_payloads(os.path.join(tf, f))]

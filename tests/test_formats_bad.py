@@ -200,7 +200,9 @@ def test_hdf5_compressed(tmp_path):
         x={"data": np.zeros((8, 4), "f4"), "chunks": (2, 4), "compression": "gzip"},
     )
     assert feedline.open_dataset(p).read(3) == bytes(16)
-    q = _h5(tmp_path / "c.h5", x={"data": np.zeros((8, 4), "f4"), "chunks": (2, 4), "fletcher32": True})
+    q = _h5(
+        tmp_path / "c.h5", x={"data": np.zeros((8, 4), "f4"), "chunks": (2, 4), "fletcher32": True}
+    )
     with pytest.raises(UnsupportedFormatError, match=r"'x' uses HDF5 filter 3 .*h5repack") as e:
         len(feedline.open_dataset(q))
     assert e.value.path == q

@@ -118,7 +118,12 @@ class Packed:
             raise ValueError("Packed: span_out, span_arg and span_window need one entry per span")
         if n and (self.span.min() < 0 or self.span.max() >= k):
             raise ValueError("Packed: a sample names a span that does not exist")
-        if n and ((self.at < 0) | (self.size < 0) | (self.at + self.size > self.span_out[self.span])).any():
+        if (
+            n
+            and (
+                (self.at < 0) | (self.size < 0) | (self.at + self.size > self.span_out[self.span])
+            ).any()
+        ):
             raise ValueError("Packed: a record lies outside its unpacked span")
         if k and self.span_window.max() >= len(self.windows):
             raise ValueError("Packed: a span names a window that does not exist")

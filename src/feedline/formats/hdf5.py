@@ -168,7 +168,8 @@ def filtered_chunks(
         raise UnsupportedFormatError(
             path,
             f"dataset {name!r} has chunks {chunks} that split samples of shape "
-            f"{tuple(dset.shape[1:])}; chunks must be (k, *row_shape); " + _REPACK.format(name=name),
+            f"{tuple(dset.shape[1:])}; chunks must be (k, *row_shape); "
+            + _REPACK.format(name=name),
         )
     c = chunks[0]
     stored: list[tuple[int, int | None, int, int]] = []
@@ -190,8 +191,11 @@ def filtered_chunks(
         if byte_offset is None or first >= n:
             continue
         if first % c:
-            raise CorruptDataError(path, byte_offset, f"dataset {name!r}: chunk at row {first} "
-                                   f"is not aligned to its {c}-row chunks")
+            raise CorruptDataError(
+                path,
+                byte_offset,
+                f"dataset {name!r}: chunk at row {first} is not aligned to its {c}-row chunks",
+            )
         if byte_offset + nbytes > file_size:
             raise CorruptDataError(
                 path,
@@ -377,7 +381,9 @@ class HDF5Format(Format):
                 if pipeline is not None:
                     check_rows(path, data_name, dset)
                     fc = filtered_chunks(path, data_name, dset, size, pipeline)
-                    if fid and (pipeline != pipeline0 or fc["chunk_bytes"] != chunks[0]["chunk_bytes"]):
+                    if fid and (
+                        pipeline != pipeline0 or fc["chunk_bytes"] != chunks[0]["chunk_bytes"]
+                    ):
                         raise UnsupportedFormatError(
                             path,
                             f"dataset {data_name!r} has filters {pipeline} and "
@@ -465,6 +471,9 @@ def _packed(chunks: list[dict[str, Any]], pipeline, itemsize: int, row: int):
         span_arg=span_arg,
         span_window=np.full(len(span_arg), -1, dtype=np.int64),
         windows=np.zeros((0, 32768), dtype=np.uint8),
-        params={"filters": [code for code, _ in pipeline], "itemsize": int(shuffle[0] if shuffle else itemsize)},
+        params={
+            "filters": [code for code, _ in pipeline],
+            "itemsize": int(shuffle[0] if shuffle else itemsize),
+        },
     )
     return packed, np.concatenate([fc["stored"] for fc in chunks])

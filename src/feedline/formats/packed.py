@@ -88,25 +88,42 @@ class Unpacker:
         buf = np.empty(int(out_sizes.sum()), dtype=np.uint8)
         if p.codec == "hdf5":
             fault = _core.unfilter_chunks(
-                raw, starts, sizes, p.span_arg[spans], self._filters, self._itemsize,
-                buf, out_starts, out_sizes,
+                raw,
+                starts,
+                sizes,
+                p.span_arg[spans],
+                self._filters,
+                self._itemsize,
+                buf,
+                out_starts,
+                out_sizes,
             )
         else:
             fault = _core.inflate_segments(
-                raw, starts, sizes, p.span_arg[spans], p.span_window[spans], self._windows,
-                buf, out_starts, out_sizes,
+                raw,
+                starts,
+                sizes,
+                p.span_arg[spans],
+                p.span_window[spans],
+                self._windows,
+                buf,
+                out_starts,
+                out_sizes,
             )
         if fault is not None:
             j, reason = fault
             self._corrupt(int(ids[j]), int(spans[j]), reason)
-        views = [buf[a : a + n] for a, n in zip(out_starts.tolist(), out_sizes.tolist(), strict=True)]
+        views = [
+            buf[a : a + n] for a, n in zip(out_starts.tolist(), out_sizes.tolist(), strict=True)
+        ]
         if p.codec == "gzip":  # deflate has no checksum of its own inside a member
             for k, s in enumerate(spans.tolist()):
                 recs = self._records_of(s)
                 bad = int(_core.check_tfrecord_crcs(views[k], p.at[recs], p.size[recs]))
                 if bad >= 0:
                     self._corrupt(
-                        int(ids[k]), s,
+                        int(ids[k]),
+                        s,
                         f"record {int(recs[bad])} of {int(p.size[recs[bad]])} bytes fails its "
                         "TFRecord CRC after unpacking: the file changed or is damaged",
                     )
@@ -129,7 +146,9 @@ class Unpacker:
         """Sample ids stored in *span* (an argsort of the span column, built once)."""
         if self._by_span is None:
             order = np.argsort(self.packed.span, kind="stable")
-            bounds = np.searchsorted(self.packed.span[order], np.arange(len(self.packed.span_out) + 1))
+            bounds = np.searchsorted(
+                self.packed.span[order], np.arange(len(self.packed.span_out) + 1)
+            )
             self._by_span = (order, bounds)
         order, bounds = self._by_span
         return order[bounds[span] : bounds[span + 1]]
