@@ -194,13 +194,18 @@ def _h5(path, **datasets):
 
 
 def test_hdf5_compressed(tmp_path):
+    # gzip/shuffle/lzf are read (tests/test_compressed.py); other filters are refused
     p = _h5(
         tmp_path / "z.h5",
         x={"data": np.zeros((8, 4), "f4"), "chunks": (2, 4), "compression": "gzip"},
     )
-    with pytest.raises(UnsupportedFormatError, match=r"'x' is filtered \(deflate.*h5repack") as e:
-        len(feedline.open_dataset(p))
-    assert e.value.path == p
+    assert feedline.open_dataset(p).read(3) == bytes(16)
+    q = _h5(
+        tmp_path / "c.h5", x={"data": np.zeros((8, 4), "f4"), "chunks": (2, 4), "fletcher32": True}
+    )
+    with pytest.raises(UnsupportedFormatError, match=r"'x' uses HDF5 filter 3 .*h5repack") as e:
+        len(feedline.open_dataset(q))
+    assert e.value.path == q
 
 
 def test_hdf5_chunks_split_samples(tmp_path):
@@ -385,9 +390,11 @@ def test_tfrecord_errors_say_where(tmp_path):
 
 def test_tfrecord_gzip_and_garbage(tmp_path):
     p = tmp_path / "g.tfrecord"
-    p.write_bytes(gzip.compress(frame(b"hello")))
-    with pytest.raises(UnsupportedFormatError, match="GZIP"):
-        len(feedline.open_dataset(str(p)))
+    p.write_bytes(gzip.compress(frame(b"hello")))  # GZIP TFRecord: read (test_compressed.py)
+    assert feedline.open_dataset(str(p), sidecar=False).read(0) == b"hello"
+    p.write_bytes(gzip.compress(b"hello, not a TFRecord"))
+    with pytest.raises(CorruptDataError, match="length CRC mismatch in record 0"):
+        len(feedline.open_dataset(str(p), sidecar=False))
     p.write_bytes(b"this is not a tfrecord at all")
     with pytest.raises(CorruptDataError, match="length CRC mismatch in record 0"):
         len(feedline.open_dataset(str(p), sidecar=False))

@@ -6,6 +6,7 @@ namespace feedline::py {
 void register_errors(nanobind::module_& m);
 void register_lmdb(nanobind::module_& m);
 void register_codecs(nanobind::module_& m);
+void register_unpack(nanobind::module_& m);
 void register_io(nanobind::module_& m);
 
 /// Remember which thread is the interpreter's main thread (module.cpp, at import).

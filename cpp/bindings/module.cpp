@@ -63,5 +63,6 @@ NB_MODULE(_core, m) {
   feedline::py::register_errors(m);
   feedline::py::register_lmdb(m);
   feedline::py::register_codecs(m);
+  feedline::py::register_unpack(m);
   feedline::py::register_io(m);
 }

@@ -75,6 +75,7 @@ class Dataset:
         self.progress = bool(defaults.get("progress")) if progress is None else progress
         self._index: Index | None = None
         self._decoder: Decoder | None = None
+        self._unpacker: Any = None
         self._fds: dict[int, int] = {}
         self.sidecar_path: str | None = None
         self._fingerprint: str | None = None
@@ -155,13 +156,9 @@ class Dataset:
             self._fds[file_id] = fd
         return fd
 
-    def read(self, i: int) -> bytes:
-        """The raw record of sample *i* (one pread)."""
-        idx = self.index
-        n = len(idx)
-        if not -n <= i < n:
-            raise IndexError(f"sample {i} out of range for {n} samples")
-        fid, off, length = idx.extent(int(i) % n)
+    def _read_stored(self, i: int) -> bytes:
+        """The stored bytes of sample *i*'s extent (one pread)."""
+        fid, off, length = self.index.extent(i)
         try:
             data = os.pread(self._fd(fid), length, off)
         except OSError as e:
@@ -170,6 +167,19 @@ class Dataset:
             raise CorruptDataError(self.files[fid], off + len(data), "file shorter than its index")
         return data
 
+    def read(self, i: int) -> bytes:
+        """The raw record of sample *i* (one pread; compressed data: its span, unpacked)."""
+        idx = self.index
+        n = len(idx)
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples")
+        i = int(i) % n
+        data = self._read_stored(i)
+        if idx.packed is None:
+            return data
+        rec, _ = self.unpack(np.frombuffer(data, dtype=np.uint8), np.array([len(data)]), [i])
+        return rec.tobytes()
+
     def read_many(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Records of *ids*, concatenated, and their lengths."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -177,9 +187,28 @@ class Dataset:
         out = np.empty(int(lengths.sum()), dtype=np.uint8)
         pos = 0
         for i, ln in zip(ids, lengths, strict=True):
-            out[pos : pos + ln] = np.frombuffer(self.read(int(i)), dtype=np.uint8)
+            out[pos : pos + ln] = np.frombuffer(self._read_stored(int(i)), dtype=np.uint8)
             pos += int(ln)
-        return out, lengths
+        return self.unpack(out, lengths, ids)
+
+    @property
+    def packed(self) -> bool:
+        """True when the records are stored compressed (see :meth:`unpack`)."""
+        return self.index.packed is not None
+
+    def unpack(self, raw, lengths, ids) -> tuple[np.ndarray, np.ndarray]:
+        """Records from a raw batch of stored extents: ``(records, lengths)``.
+
+        The identity for uncompressed data; for compressed data each distinct span of
+        the batch (HDF5 chunk, gzip segment) is unpacked once and the records cut out.
+        """
+        if self.index.packed is None:
+            return raw, lengths
+        if self._unpacker is None:
+            from .formats.packed import Unpacker
+
+            self._unpacker = Unpacker(self.index)
+        return self._unpacker.unpack(raw, lengths, ids)
 
     @property
     def decoder(self) -> Decoder:
@@ -209,10 +238,17 @@ class Dataset:
             "payload_bytes": idx.nbytes_payload,
         }
         if len(idx):
-            info["record_bytes_min"] = int(idx.lengths.min())
-            info["record_bytes_max"] = int(idx.lengths.max())
-            info["record_bytes_mean"] = float(idx.lengths.mean())
+            info["record_bytes_min"] = int(idx.record_lengths.min())
+            info["record_bytes_max"] = int(idx.record_lengths.max())
+            info["record_bytes_mean"] = float(idx.record_lengths.mean())
         info["payload_fraction"] = info["payload_bytes"] / max(1, info["file_bytes"])
+        if idx.packed is not None:  # compressed: the payload is the spans' stored bytes
+            stored = int(idx.lengths[np.unique(idx.packed.span, return_index=True)[1]].sum())
+            info["payload_bytes"] = stored
+            info["payload_fraction"] = stored / max(1, info["file_bytes"])
+            info["compressed_spans"] = len(idx.packed.span_out)
+            info["unpacked_record_bytes"] = int(idx.packed.size.sum())
+            info["compression_ratio"] = round(info["unpacked_record_bytes"] / max(1, stored), 3)
         info.update(self._fmt.describe(idx))
         return info
 
@@ -237,6 +273,7 @@ class Dataset:
         state = self.__dict__.copy()
         state["_fds"] = {}
         state["comm"] = None
+        state["_unpacker"] = None
         return state
 
 

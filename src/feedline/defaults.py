@@ -54,6 +54,11 @@ KNOBS: dict[str, _Knob] = {
         os.path.join(os.path.expanduser("~"), ".cache", "feedline"),
         "where index sidecars go when the dataset directory is read-only",
     ),
+    "unpack_cache_mib": _Knob(
+        128,
+        "MiB of recently unpacked compressed spans (HDF5 chunks, gzip segments) kept per "
+        "dataset, so samples of one span in consecutive batches unpack it once (0: off)",
+    ),
     "workers": _Knob(1, "loader threads decoding and transforming prefetched batches"),
     "sample_threads": _Knob(0, "threads reading one sample each for tf-pre (0: CPUs)"),
     "async_buffer": _Knob(

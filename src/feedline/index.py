@@ -78,6 +78,58 @@ class Keys(Sequence[bytes]):
 
 
 @dataclass
+class Packed:
+    """Samples stored inside compressed *spans* (HDF5 filtered chunks, gzip segments).
+
+    The Index's extent of sample *i* is then its span's stored bytes (shared by every
+    sample of the span, so read plans merge them into one read); unpacking span
+    ``span[i]`` gives ``span_out[span[i]]`` bytes, of which the record is ``size[i]``
+    bytes at ``at[i]``. ``codec`` is ``"hdf5"`` (``params``: HDF5 filter ids in pipeline
+    order and the element size; ``span_arg`` is each chunk's filter mask) or ``"gzip"``
+    (``span_arg`` is -1 where a gzip member starts, else the pending bits of the restart
+    point's first byte, and ``span_window`` the row of ``windows`` holding its 32 KiB of
+    history, -1 for none).
+    """
+
+    codec: str
+    span: np.ndarray
+    at: np.ndarray
+    size: np.ndarray
+    span_out: np.ndarray
+    span_arg: np.ndarray
+    span_window: np.ndarray
+    windows: np.ndarray
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.span = np.asarray(self.span, dtype=np.int64)
+        self.at = np.asarray(self.at, dtype=np.int64)
+        self.size = np.asarray(self.size, dtype=np.int64)
+        self.span_out = np.asarray(self.span_out, dtype=np.int64)
+        self.span_arg = np.asarray(self.span_arg, dtype=np.int64)
+        self.span_window = np.asarray(self.span_window, dtype=np.int64)
+        self.windows = np.asarray(self.windows, dtype=np.uint8)
+        if self.windows.ndim != 2:
+            self.windows = self.windows.reshape(-1, 32768)
+        n, k = len(self.span), len(self.span_out)
+        if len(self.at) != n or len(self.size) != n:
+            raise ValueError("Packed: span, at and size need one entry per sample")
+        if len(self.span_arg) != k or len(self.span_window) != k:
+            raise ValueError("Packed: span_out, span_arg and span_window need one entry per span")
+        if n and (self.span.min() < 0 or self.span.max() >= k):
+            raise ValueError("Packed: a sample names a span that does not exist")
+        if (
+            n
+            and (
+                (self.at < 0) | (self.size < 0) | (self.at + self.size > self.span_out[self.span])
+            ).any()
+        ):
+            raise ValueError("Packed: a record lies outside its unpacked span")
+        if k and self.span_window.max() >= len(self.windows):
+            raise ValueError("Packed: a span names a window that does not exist")
+
+
+@dataclass
 class Index:
     """Columnar description of a dataset's samples.
 
@@ -95,6 +147,9 @@ class Index:
         binary label byte). Shape ``(N,)`` or ``(N, k)``.
     keys : Keys or None
         LMDB keys, in key order.
+    packed : Packed or None
+        For compressed data: where each record lies in its unpacked span (the extent
+        columns then describe the spans' stored bytes).
     meta : dict
         Format-specific facts (record shape and dtype, tree statistics, provenance...).
         JSON-serialisable.
@@ -107,6 +162,7 @@ class Index:
     labels: np.ndarray | None = None
     keys: Keys | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    packed: Packed | None = None
 
     def __post_init__(self) -> None:
         self.file_ids = np.asarray(self.file_ids, dtype=np.int32)
@@ -119,22 +175,30 @@ class Index:
             raise ValueError("Index.labels must have one row per sample")
         if self.keys is not None and len(self.keys) != n:
             raise ValueError("Index.keys must have one key per sample")
+        if self.packed is not None and len(self.packed.span) != n:
+            raise ValueError("Index.packed must describe every sample")
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     @property
     def nbytes_payload(self) -> int:
-        """Total bytes of all records."""
+        """Total bytes of all records (as stored: compressed spans count once per sample)."""
         return int(self.lengths.sum())
 
     @property
+    def record_lengths(self) -> np.ndarray:
+        """Length of each record as delivered (unpacked when the data is compressed)."""
+        return self.lengths if self.packed is None else self.packed.size
+
+    @property
     def fixed_length(self) -> int | None:
-        """The common record length, or None when lengths vary."""
+        """The common (delivered) record length, or None when lengths vary."""
         if len(self) == 0:
             return None
-        first = int(self.lengths[0])
-        return first if bool((self.lengths == first).all()) else None
+        lengths = self.record_lengths
+        first = int(lengths[0])
+        return first if bool((lengths == first).all()) else None
 
     def extent(self, i: int) -> tuple[int, int, int]:
         """``(file_id, offset, length)`` of sample *i*."""
@@ -190,6 +254,8 @@ def dataset_fingerprint(files: Sequence[str]) -> str:
 # ------------------------------------------------------------------------------ sidecar
 
 _COLUMNS = ("file_ids", "offsets", "lengths", "labels", "key_blob", "key_starts")
+#: Packed's arrays, stored as sidecar columns ``packed_<name>``
+_PACKED = ("span", "at", "size", "span_out", "span_arg", "span_window", "windows")
 
 
 def _columns_of(index: Index) -> dict[str, np.ndarray]:
@@ -203,6 +269,9 @@ def _columns_of(index: Index) -> dict[str, np.ndarray]:
     if index.keys is not None:
         cols["key_blob"] = index.keys.blob
         cols["key_starts"] = index.keys.starts
+    if index.packed is not None:
+        for name in _PACKED:
+            cols[f"packed_{name}"] = np.ascontiguousarray(getattr(index.packed, name))
     return cols
 
 
@@ -230,6 +299,8 @@ def write_sidecar(
         "columns": layout,
         "meta": index.meta,
     }
+    if index.packed is not None:
+        header["packed"] = {"codec": index.packed.codec, "params": index.packed.params}
     hbytes = json.dumps(header, sort_keys=True).encode()
     data_start = (_HEAD.size + len(hbytes) + _ALIGN - 1) // _ALIGN * _ALIGN
     directory = os.path.dirname(os.path.abspath(path))
@@ -301,7 +372,7 @@ def load_sidecar(
     size = os.path.getsize(path)
     cols: dict[str, np.ndarray] = {}
     for name, spec in header["columns"].items():
-        if name not in _COLUMNS:
+        if name not in _COLUMNS and name.removeprefix("packed_") not in _PACKED:
             raise CorruptDataError(path, data_start, f"unknown column {name!r}")
         dt = np.dtype(spec["dtype"])
         shape = tuple(int(s) for s in spec["shape"])
@@ -316,12 +387,27 @@ def load_sidecar(
     keys = None
     if "key_starts" in cols:
         keys = Keys(cols["key_blob"], cols["key_starts"])
-    return Index(
-        files=list(files),
-        file_ids=cols["file_ids"],
-        offsets=cols["offsets"],
-        lengths=cols["lengths"],
-        labels=cols.get("labels"),
-        keys=keys,
-        meta=header.get("meta", {}),
-    )
+    packed = None
+    if "packed" in header:
+        spec = header["packed"]
+        try:
+            packed = Packed(
+                codec=str(spec["codec"]),
+                params=dict(spec.get("params", {})),
+                **{name: cols[f"packed_{name}"] for name in _PACKED},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptDataError(path, data_start, f"packed columns unusable: {e}") from None
+    try:
+        return Index(
+            files=list(files),
+            file_ids=cols["file_ids"],
+            offsets=cols["offsets"],
+            lengths=cols["lengths"],
+            labels=cols.get("labels"),
+            keys=keys,
+            meta=header.get("meta", {}),
+            packed=packed,
+        )
+    except ValueError as e:
+        raise CorruptDataError(path, data_start, f"sidecar columns disagree: {e}") from None

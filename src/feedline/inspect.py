@@ -57,6 +57,17 @@ EXPLAIN: dict[str, str] = {
     "label_bytes": "label bytes at the start of each record",
     "header_bytes": "bytes skipped at the start of each file",
     "label_classes": "distinct label values",
+    "compressed_spans": "compressed units read and unpacked whole (HDF5 chunks, gzip segments)",
+    "unpacked_record_bytes": "bytes of all records once unpacked",
+    "compression_ratio": "unpacked record bytes / stored compressed bytes",
+    "filters": "HDF5 filters, unpacked natively (libdeflate, byte shuffle, LZF)",
+    "chunk_rows": "samples per HDF5 chunk",
+    "compression": "records are stored compressed",
+    "gzip_members": "gzip members (each one a restart point without history)",
+    "restart_points": "places inflating can start: member starts and saved 32 KiB windows",
+    "restart_windows": "restart points inside a member (32 KiB of history each, in the index)",
+    "restart_bytes": "decompressed bytes between restart points: at most this much extra inflate per record",
+    "decompressed_bytes": "size of the decompressed TFRecord stream",
 }
 
 

@@ -443,11 +443,13 @@ class Loader:
 
     def _assemble(self, raw: RawBatch, step: int) -> Batch:
         t0 = time.perf_counter()
-        ids, lengths = raw.ids, raw.lengths
+        ids, lengths, records = raw.ids, raw.lengths, raw.data
+        if self._index.packed is not None:  # compressed: unpack spans into records
+            records, lengths = self.dataset.unpack(records, lengths, ids)
         if self.decode:
-            data, labels = self.dataset.decode(raw.data, lengths, ids)
+            data, labels = self.dataset.decode(records, lengths, ids)
         else:
-            data = raw.data
+            data = records
             fixed = self._index.fixed_length
             if fixed is not None:
                 data = data.reshape(len(ids), fixed)

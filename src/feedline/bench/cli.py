@@ -16,6 +16,10 @@ SCENARIOS = {
     "shuffle": ("feedline.bench.shuffle", "shuffle quality: RL and accuracy of a small CNN"),
     "overhead": ("feedline.bench.overhead", "Loader CPU overhead per sample vs PyTorch DataLoader"),
     "readers": ("feedline.bench.readers", "pread vs mmap vs per-sample reads (LMDBIO Fig. 8)"),
+    "compressed": (
+        "feedline.bench.compressed",
+        "gzip+shuffle chunked HDF5: feedline vs h5py reading the same file",
+    ),
 }
 
 

@@ -45,7 +45,7 @@ def detect(path) -> str:
         return "lmdb"
     if low.endswith((".h5", ".hdf5")):
         return "hdf5"
-    if low.endswith((".tfrecord", ".tfrecords")):
+    if low.endswith((".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecords.gz")):
         return "tfrecord"
     if low.endswith(".npy"):
         return "npy"
@@ -56,10 +56,17 @@ def detect(path) -> str:
             (".hdf5", "hdf5"),
             (".tfrecord", "tfrecord"),
             (".tfrecords", "tfrecord"),
+            (".tfrecord.gz", "tfrecord"),
+            (".tfrecords.gz", "tfrecord"),
             (".npy", "npy"),
         ):
             if any(n.endswith(ext) for n in names):
                 return fmt
+    if os.path.isfile(p):
+        from .tfrecord import looks_like_gzip_tfrecord
+
+        if looks_like_gzip_tfrecord(p):  # e.g. train.gz, or TF's GZIP files under any name
+            return "tfrecord"
     raise UnsupportedFormatError(
         p,
         "cannot tell the format; pass format= one of lmdb, hdf5, tfrecord, npy, records "

@@ -4,8 +4,10 @@ h5py is used only for metadata: the dataset's layout, its file address
 (``get_offset`` for contiguous storage, ``chunk_iter``/``get_chunk_info`` for chunked
 storage whose chunks hold whole rows) and a small labels dataset. The rows are then
 read by feedline's own engine with plain preads, which is what lets many ranks read an
-HDF5 file at the storage's speed — at the price of refusing filtered (compressed)
-datasets and chunks that split samples, since those have no byte range per sample.
+HDF5 file at the storage's speed. Filtered chunks (deflate/gzip, shuffle, LZF) are read
+the same way, as whole stored chunks, and unpacked by the native core
+(:mod:`feedline.formats.packed`); other filters and chunks that split samples are
+refused, since feedline cannot get a sample's bytes from them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, CorruptDataError, FeedlineError, UnsupportedFormatError
-from ..index import Index
+from ..index import Index, Packed
 from .base import Decoder, Format, register
 from .npy import ArrayDecoder
 
@@ -28,6 +30,9 @@ LABEL_NAMES = ("label", "labels", "y")
 _RAW_KINDS = "biufcS"
 
 _REPACK = "rewrite it contiguous and unfiltered, e.g. `h5repack -l {name}:CONTI in.h5 out.h5`"
+
+#: HDF5 filter ids feedline unpacks natively -> their names
+FILTERS = {1: "deflate", 2: "shuffle", 32000: "lzf"}
 
 
 def _h5py():
@@ -111,16 +116,8 @@ def choose_datasets(
     return best[0], label_name
 
 
-def row_offsets(
-    path: str, name: str, dset, file_size: int
-) -> tuple[np.ndarray, int, dict[str, Any]]:
-    """Byte offset of every row of *dset*, the row size, and layout facts.
-
-    Raises UnsupportedFormatError for layouts without a byte range per row, and
-    CorruptDataError when a row lies beyond the end of the file.
-    """
-    h5d = _h5py().h5d
-    where = f"{path}: dataset {name!r}"
+def check_rows(path: str, name: str, dset) -> None:
+    """Refuse datasets whose rows feedline cannot deliver as bytes (scalars, objects...)."""
     if dset.ndim < 1:
         raise UnsupportedFormatError(
             path, f"dataset {name!r} is a scalar; samples are rows of the first axis"
@@ -131,6 +128,117 @@ def row_offsets(
             path,
             f"dataset {name!r} has dtype {dt}; feedline reads numeric or fixed-length bytes datasets",
         )
+    if int(dset.shape[0]) and not math.prod(dset.shape[1:]) * dt.itemsize:
+        raise UnsupportedFormatError(path, f"dataset {name!r} has rows of zero bytes")
+
+
+def dataset_filters(path: str, name: str, dset) -> list[tuple[int, list[int]]]:
+    """The filter pipeline of a chunked dataset: ``[(filter id, cd_values)]`` in order.
+
+    Raises UnsupportedFormatError naming the first filter feedline cannot undo.
+    """
+    dcpl = dset.id.get_create_plist()
+    out = []
+    for i in range(dcpl.get_nfilters()):
+        code, _flags, values, fname = dcpl.get_filter(i)
+        if int(code) not in FILTERS:
+            label = fname.decode(errors="replace") if isinstance(fname, bytes) else str(fname)
+            raise UnsupportedFormatError(
+                path,
+                f"dataset {name!r} uses HDF5 filter {int(code)} ({label or 'unnamed'}); feedline "
+                f"unpacks {', '.join(FILTERS.values())} only; " + _REPACK.format(name=name),
+            )
+        out.append((int(code), [int(v) for v in values]))
+    return out
+
+
+def filtered_chunks(
+    path: str, name: str, dset, file_size: int, filters: list[tuple[int, list[int]]]
+) -> dict[str, Any]:
+    """Stored chunks of a filtered dataset and where each row lies in its chunk.
+
+    Returns per row ``chunk`` (chunk number in this file), ``offset``/``stored`` (the
+    chunk's file range), ``at`` (byte offset of the row in the unpacked chunk), and per
+    chunk ``masks`` (HDF5's filter mask) and ``chunk_bytes`` (its unpacked size).
+    """
+    n = int(dset.shape[0])
+    row = math.prod(dset.shape[1:]) * dset.dtype.itemsize
+    chunks = tuple(dset.chunks)
+    if chunks[1:] != tuple(dset.shape[1:]):
+        raise UnsupportedFormatError(
+            path,
+            f"dataset {name!r} has chunks {chunks} that split samples of shape "
+            f"{tuple(dset.shape[1:])}; chunks must be (k, *row_shape); "
+            + _REPACK.format(name=name),
+        )
+    c = chunks[0]
+    stored: list[tuple[int, int | None, int, int]] = []
+
+    def take(info) -> None:
+        stored.append((info.chunk_offset[0], info.byte_offset, info.size, info.filter_mask))
+
+    if hasattr(dset.id, "chunk_iter"):
+        dset.id.chunk_iter(take)
+    else:  # pragma: no cover - older HDF5
+        for i in range(dset.id.get_num_chunks()):
+            take(dset.id.get_chunk_info(i))
+    stored.sort(key=lambda t: t[0])
+    chunk = np.full(n, -1, dtype=np.int64)
+    offset = np.zeros(n, dtype=np.int64)
+    size = np.zeros(n, dtype=np.int64)
+    masks = []
+    for first, byte_offset, nbytes, mask in stored:
+        if byte_offset is None or first >= n:
+            continue
+        if first % c:
+            raise CorruptDataError(
+                path,
+                byte_offset,
+                f"dataset {name!r}: chunk at row {first} is not aligned to its {c}-row chunks",
+            )
+        if byte_offset + nbytes > file_size:
+            raise CorruptDataError(
+                path,
+                byte_offset,
+                f"dataset {name!r}: chunk at row {first} ({nbytes} stored bytes) ends beyond "
+                f"the end of the file ({file_size} bytes)",
+            )
+        k = min(c, n - first)
+        chunk[first : first + k] = len(masks)
+        offset[first : first + k] = byte_offset
+        size[first : first + k] = nbytes
+        masks.append(int(mask))
+    if (chunk < 0).any():
+        missing = int(np.flatnonzero(chunk < 0)[0])
+        raise UnsupportedFormatError(
+            path,
+            f"dataset {name!r}: the chunk holding row {missing} was never written "
+            "(unallocated chunks hold only fill values)",
+        )
+    rows = np.arange(n, dtype=np.int64)
+    return {
+        "chunk": chunk,
+        "offset": offset,
+        "stored": size,
+        "at": (rows % c) * row,
+        "masks": np.asarray(masks, dtype=np.int64),
+        "chunk_bytes": c * row,
+        "chunk_rows": c,
+    }
+
+
+def row_offsets(
+    path: str, name: str, dset, file_size: int
+) -> tuple[np.ndarray, int, dict[str, Any]]:
+    """Byte offset of every row of *dset*, the row size, and layout facts.
+
+    Raises UnsupportedFormatError for layouts without a byte range per row, and
+    CorruptDataError when a row lies beyond the end of the file.
+    """
+    h5d = _h5py().h5d
+    where = f"{path}: dataset {name!r}"
+    check_rows(path, name, dset)
+    dt = dset.dtype
     n = int(dset.shape[0])
     row = math.prod(dset.shape[1:]) * dt.itemsize
     dcpl = dset.id.get_create_plist()
@@ -162,8 +270,8 @@ def row_offsets(
             ]
             raise UnsupportedFormatError(
                 path,
-                f"dataset {name!r} is filtered ({', '.join(filters)}): compressed rows have no "
-                "byte range feedline can read; " + _REPACK.format(name=name),
+                f"dataset {name!r} is filtered ({', '.join(filters)}): rows have no byte range "
+                "of their own (the format unpacks whole chunks: see filtered_chunks)",
             )
         chunks = tuple(dset.chunks)
         if chunks[1:] != tuple(dset.shape[1:]):
@@ -244,6 +352,8 @@ class HDF5Format(Format):
         data_opt = self.options.get("dataset")
         label_opt = self.options.get("labels")
         file_ids, offsets, labels = [], [], []
+        chunks: list[dict[str, Any]] = []  # filtered datasets: filtered_chunks() per file
+        pipeline0: Any = ()
         shape0: tuple[int, ...] | None = None
         dtype0: np.dtype | None = None
         facts0: dict[str, Any] = {}
@@ -259,7 +369,36 @@ class HDF5Format(Format):
                         f"{path}: no dataset {data_name!r} (found in {self.files[0]})"
                     )
                 dset = f[data_name]
-                offs, row, facts = row_offsets(path, data_name, dset, size)
+                pipeline = None
+                if dset.chunks is not None and dset.id.get_create_plist().get_nfilters() > 0:
+                    pipeline = dataset_filters(path, data_name, dset)
+                if fid and (pipeline is None) != (pipeline0 is None):
+                    raise UnsupportedFormatError(
+                        path,
+                        f"dataset {data_name!r} is {'un' if pipeline is None else ''}filtered, "
+                        f"unlike in {self.files[0]}; every file must be stored alike",
+                    )
+                if pipeline is not None:
+                    check_rows(path, data_name, dset)
+                    fc = filtered_chunks(path, data_name, dset, size, pipeline)
+                    if fid and (
+                        pipeline != pipeline0 or fc["chunk_bytes"] != chunks[0]["chunk_bytes"]
+                    ):
+                        raise UnsupportedFormatError(
+                            path,
+                            f"dataset {data_name!r} has filters {pipeline} and "
+                            f"{fc['chunk_rows']}-row chunks, unlike {self.files[0]}'s",
+                        )
+                    chunks.append(fc)
+                    offs, row = fc["offset"], math.prod(dset.shape[1:]) * dset.dtype.itemsize
+                    facts = {
+                        "layout": "chunked",
+                        "chunk_rows": fc["chunk_rows"],
+                        "filters": [FILTERS[code] for code, _ in pipeline],
+                    }
+                else:
+                    offs, row, facts = row_offsets(path, data_name, dset, size)
+                pipeline0 = pipeline if fid == 0 else pipeline0
                 if shape0 is None:
                     shape0, dtype0, facts0 = tuple(dset.shape[1:]), dset.dtype, facts
                 elif tuple(dset.shape[1:]) != shape0 or dset.dtype != dtype0:
@@ -288,11 +427,16 @@ class HDF5Format(Format):
             offsets.append(offs)
         assert shape0 is not None and dtype0 is not None
         n_total = sum(len(o) for o in offsets)
+        packed = None
+        lengths = np.full(n_total, row, dtype=np.int64)
+        if chunks:
+            packed, lengths = _packed(chunks, pipeline0, dtype0.itemsize, row)
         return Index(
             files=list(self.files),
             file_ids=np.concatenate(file_ids),
             offsets=np.concatenate(offsets),
-            lengths=np.full(n_total, row, dtype=np.int64),
+            lengths=lengths,
+            packed=packed,
             labels=np.concatenate(labels) if labels else None,
             meta={
                 "dataset": data_name,
@@ -306,3 +450,30 @@ class HDF5Format(Format):
     def make_decoder(self, index: Index) -> Decoder:
         meta = index.meta
         return ArrayDecoder(tuple(meta["sample_shape"]), np.dtype(meta["dtype"]), index.labels)
+
+
+def _packed(chunks: list[dict[str, Any]], pipeline, itemsize: int, row: int):
+    """The Packed description of filtered datasets (chunk numbers global over files)."""
+    base, spans, masks = 0, [], []
+    for fc in chunks:
+        spans.append(fc["chunk"] + base)
+        masks.append(fc["masks"])
+        base += len(fc["masks"])
+    span_arg = np.concatenate(masks)
+    # the shuffle filter's element size is its first client value (HDF5 sets the type's)
+    shuffle = [vals[0] for code, vals in pipeline if code == 2 and vals]
+    packed = Packed(
+        codec="hdf5",
+        span=np.concatenate(spans),
+        at=np.concatenate([fc["at"] for fc in chunks]),
+        size=np.full(sum(len(fc["at"]) for fc in chunks), row, dtype=np.int64),
+        span_out=np.full(len(span_arg), chunks[0]["chunk_bytes"], dtype=np.int64),
+        span_arg=span_arg,
+        span_window=np.full(len(span_arg), -1, dtype=np.int64),
+        windows=np.zeros((0, 32768), dtype=np.uint8),
+        params={
+            "filters": [code for code, _ in pipeline],
+            "itemsize": int(shuffle[0] if shuffle else itemsize),
+        },
+    )
+    return packed, np.concatenate([fc["stored"] for fc in chunks])

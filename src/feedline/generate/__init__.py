@@ -91,6 +91,19 @@ def _image_opts(classes: int, size: int) -> tuple[Option, ...]:
     )
 
 
+def _h5_opts() -> tuple[Option, ...]:
+    return (
+        Option(
+            "compression",
+            "none",
+            "HDF5 filters: none (contiguous), gzip, gzip-shuffle, lzf or lzf-shuffle "
+            "(chunked, --chunk-samples samples per chunk)",
+            ("none", "gzip", "gzip-shuffle", "lzf", "lzf-shuffle"),
+        ),
+        Option("chunk_samples", 16, "samples per HDF5 chunk with --compression"),
+    )
+
+
 def _lmdb_opts(classes: int, size: int) -> tuple[Option, ...]:
     return (
         *_image_opts(classes, size),
@@ -135,6 +148,7 @@ SPECS: dict[str, Spec] = {
                 Option("cube", 32, "cube side (the paper uses 128)"),
                 Option("channels", 12, "channels per voxel (the paper uses 12)"),
                 Option("files", 4, "number of HDF5 files; samples are split evenly"),
+                *_h5_opts(),
             ),
             writers.write_cosmoflow,
         ),
@@ -148,6 +162,7 @@ SPECS: dict[str, Spec] = {
                 Option("channels", 3, "recording locations per trace"),
                 Option("targets", 19, "regression targets (conductances) per sample"),
                 Option("files", 4, "number of HDF5 files; samples are split evenly"),
+                *_h5_opts(),
             ),
             writers.write_neuron,
         ),
@@ -172,6 +187,18 @@ SPECS: dict[str, Spec] = {
                     "raw",
                     "record payload: raw (int32 LE label + pixels) or example (tf.train.Example)",
                     ("raw", "example"),
+                ),
+                Option(
+                    "compression",
+                    "none",
+                    "none, or gzip (TensorFlow's compression_type='GZIP'; files end in .gz)",
+                    ("none", "gzip"),
+                ),
+                Option(
+                    "records_per_member",
+                    64,
+                    "gzip: records per gzip member, so readers can start at any member "
+                    "(0: one member per file, as plain gzip; feedline then uses restart points)",
                 ),
             ),
             writers.write_tfrecord,

@@ -215,8 +215,11 @@ def _write_hdf5(job: Job, synth: Any, prefix: str, paper: str) -> dict[str, Any]
     for f_i, (lo, hi) in enumerate(_split(job.n, int(job.opts["files"]))):
         name = f"{prefix}-{f_i:04d}.h5"
         with h5py.File(os.path.join(job.out, name), "w") as h5:
-            # no chunks, no filters: contiguous, so one (offset, length) locates a sample
-            x = h5.create_dataset("x", shape=(hi - lo, *synth.shape), dtype=synth.dtype)
+            # default: no chunks, no filters (contiguous, one (offset, length) per sample);
+            # --compression: chunks of --chunk-samples whole samples, filtered
+            x = h5.create_dataset(
+                "x", shape=(hi - lo, *synth.shape), dtype=synth.dtype, **_h5_filters(job, synth)
+            )
             y = h5.create_dataset("y", shape=(hi - lo, synth.n_targets), dtype="<f4")
             h5.attrs["generator"] = job.name
             h5.attrs["mimics"] = paper
@@ -229,6 +232,7 @@ def _write_hdf5(job: Job, synth: Any, prefix: str, paper: str) -> dict[str, Any]
     return {
         "format": "hdf5",
         "files": files,
+        "compression": job.opts.get("compression", "none"),
         "open_options": {"dataset": "x", "labels": "y"},
         "sample_shape": list(synth.shape),
         "dtype": np.dtype(synth.dtype).name,
@@ -237,6 +241,28 @@ def _write_hdf5(job: Job, synth: Any, prefix: str, paper: str) -> dict[str, Any]
         "record_bytes_min": synth.nbytes,
         "record_bytes_max": synth.nbytes,
     }
+
+
+#: --compression of the HDF5 generators -> h5py create_dataset keywords
+H5_COMPRESSION: dict[str, dict[str, Any]] = {
+    "none": {},
+    "gzip": {"compression": "gzip", "compression_opts": 4},
+    "gzip-shuffle": {"compression": "gzip", "compression_opts": 4, "shuffle": True},
+    "lzf": {"compression": "lzf"},
+    "lzf-shuffle": {"compression": "lzf", "shuffle": True},
+}
+
+
+def _h5_filters(job: Job, synth: Any) -> dict[str, Any]:
+    comp = job.opts.get("compression", "none")
+    if comp not in H5_COMPRESSION:
+        raise ConfigError(f"compression must be one of {list(H5_COMPRESSION)}, not {comp!r}")
+    if comp == "none":
+        return {}
+    c = int(job.opts.get("chunk_samples", 16))
+    if c < 1:
+        raise ConfigError(f"chunk_samples must be >= 1, not {c}")
+    return {"chunks": (c, *synth.shape), **H5_COMPRESSION[comp]}
 
 
 class _Cosmo(CosmoSynth):
@@ -358,17 +384,24 @@ def _frames(payloads: list[bytes]) -> bytes:
 
 
 def write_tfrecord(job: Job) -> dict[str, Any]:
-    """TFRecord files of raw (label + pixels) or ``tf.train.Example`` payloads."""
+    """TFRecord files of raw (label + pixels) or ``tf.train.Example`` payloads, optionally
+    gzip-compressed (one gzip member per ``records_per_member`` records, or one member)."""
+    from ..formats.tfrecord import TFRecordWriter
+
     synth = _image_synth(job)
     payload = job.opts["payload"]
     if payload not in ("raw", "example"):
         raise ConfigError(f"payload must be 'raw' or 'example', not {payload!r}")
+    comp = job.opts.get("compression", "none")
+    per_member = int(job.opts.get("records_per_member", 64))
+    if comp not in ("none", "gzip"):
+        raise ConfigError(f"compression must be 'none' or 'gzip', not {comp!r}")
     parts = _split(job.n, int(job.opts["files"]))
     files = []
     lo_size, hi_size = 1 << 62, 0
     for f_i, (lo, hi) in enumerate(parts):
-        name = f"train-{f_i:05d}-of-{len(parts):05d}.tfrecord"
-        with open(os.path.join(job.out, name), "wb") as f:
+        name = f"train-{f_i:05d}-of-{len(parts):05d}.tfrecord" + (".gz" if comp == "gzip" else "")
+        with TFRecordWriter(os.path.join(job.out, name), comp, per_member) as f:
             for a, b in job.batches(synth.nbytes + 16, lo, hi):
                 imgs, labels = job.images(synth, a, b)
                 if payload == "raw":
@@ -382,7 +415,11 @@ def write_tfrecord(job: Job) -> dict[str, Any]:
                     ]
                 lens = [len(p) for p in pays]
                 lo_size, hi_size = min(lo_size, *lens), max(hi_size, *lens)
-                f.write(_frames(pays))
+                if f.gzip and f.per_member:
+                    for p in pays:
+                        f.write(p)
+                else:
+                    f.write_frames(_frames(pays), len(pays))
                 job.bar.update(b - a)
         files.append(name)
     facts = _image_facts(job, synth)
@@ -390,6 +427,8 @@ def write_tfrecord(job: Job) -> dict[str, Any]:
         format="tfrecord",
         files=files,
         open_options={},
+        compression=comp,
+        records_per_member=per_member if comp == "gzip" else None,
         payload=payload,
         record=(
             "int32 LE label + pixels (C, H, W)"

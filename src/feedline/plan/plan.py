@@ -381,8 +381,13 @@ def _window_stream(records, world, strategy, key, geo, cap, batch_size):
         if strategy.window_steps:
             w = strategy.window_steps
         else:
-            w = window_steps_for(shape_of(records, world, batch_size, cap), unit, strategy.window_bytes)
+            w = window_steps_for(
+                shape_of(records, world, batch_size, cap), unit, strategy.window_bytes
+            )
         tile = tile_records(strategy, mean, records.n)
+        span = int(getattr(records, "span_rows", 1))
+        if span > 1:  # compressed HDF5: tiles of whole chunks (each read and unpacked once)
+            tile = min(-(-tile // span) * span, max(records.n, 1))
     return WindowStream(records.n, tile, w, key, geo, unit)
 
 

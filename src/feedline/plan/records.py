@@ -42,10 +42,21 @@ class IndexRecords:
         self._max: int | None = None
         self._mean: float | None = None
         self.meta: dict = {}
+        #: samples per compressed span when spans hold runs of that many samples
+        self.span_rows = 1
 
     @classmethod
     def from_index(cls, index) -> IndexRecords:
-        return cls(index.file_ids, index.offsets, index.lengths)
+        rec = cls(index.file_ids, index.offsets, index.lengths)
+        packed = getattr(index, "packed", None)
+        if packed is not None and rec.n:
+            # compressed spans: every sample's extent is its whole span, read once for all
+            # of them, so a sample costs its share of the span's stored bytes
+            first = np.unique(packed.span, return_index=True)[1]
+            rec._mean = float(np.asarray(index.lengths)[first].sum()) / rec.n
+            # HDF5 chunks hold a fixed number of consecutive samples: tiles align to them
+            rec.span_rows = int((getattr(index, "meta", None) or {}).get("chunk_rows") or 1)
+        return rec
 
     def extents(self, ids):
         ids = np.asarray(ids, dtype=np.int64)
