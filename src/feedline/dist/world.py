@@ -130,6 +130,64 @@ class NodeArray:
         self.free()
 
 
+#: Requests abandoned because a peer died, and the buffers they write: kept until exit.
+PENDING: list[Any] = []
+
+
+class PeerWatch:
+    """Whether the ranks of a communicator are still alive, without their help.
+
+    Built collectively (every rank's host name and pid); :meth:`dead` then needs no
+    communication: a peer on this host whose process is gone (or a zombie) is dead. A
+    peer on another host cannot be checked this way (MPI has no portable liveness test
+    without ULFM): :meth:`dead` reports it only after *timeout_s* of waiting (0: never),
+    counted by the caller from the start of its wait.
+    """
+
+    def __init__(self, world: World, comm: Any, interval_s: float = 0.5) -> None:
+        import socket
+
+        me = (socket.gethostname(), os.getpid())
+        self._peers = world.allgather(me, comm=comm)
+        self._host = me[0]
+        self._me = comm.Get_rank()
+        self._every = interval_s
+        self._next = 0.0
+        self.gone: list[int] = []
+
+    def describe(self, rank: int) -> str:
+        host, pid = self._peers[rank]
+        return f"rank {rank} (pid {pid} on {host})"
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+        except (OSError, ValueError):
+            return True
+
+    def dead(self) -> list[int]:
+        """Ranks of this host found dead (checked at most every *interval_s*)."""
+        now = time.monotonic()
+        if now < self._next:
+            return self.gone
+        self._next = now + self._every
+        self.gone = [
+            r
+            for r, (host, pid) in enumerate(self._peers)
+            if r != self._me and host == self._host and not self._alive(pid)
+        ]
+        return self.gone
+
+
 class RmaArray:
     """This rank's part of a job-wide store that every rank reads one-sidedly (passive
     target): DeepIO's storage buffer.
@@ -180,11 +238,15 @@ class RmaArray:
         lengths: np.ndarray,
         out: np.ndarray,
         dest: np.ndarray,
-    ) -> tuple[int, int]:
+        poll: Callable[[], None] | None = None,
+    ) -> tuple[int, int, int]:
         """Copy ``lengths[i]`` bytes at ``disps[i]`` of rank ``owners[i]``'s part into
         ``out[dest[i]:]``. Returns (bytes copied from other ranks of this node, bytes
-        read from other nodes). One ``MPI_Get`` per rank of another node, its scattered
-        records described by two indexed datatypes, all completed by one flush.
+        read from other nodes, remote get calls). One request-based ``MPI_Rget`` per
+        rank of another node, its scattered records described by two indexed datatypes
+        (a batch of many elements per call); the requests are polled, calling *poll*
+        between tests (it may raise, e.g. when a peer died: the gets then stay pending,
+        and *out* with them, until exit — see :data:`PENDING`).
         """
         owners = np.asarray(owners)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -193,7 +255,9 @@ class RmaArray:
         order = np.argsort(owners, kind="stable")
         cuts = np.flatnonzero(np.diff(owners[order])) + 1
         types: list[Any] = []
+        reqs: list[Any] = []
         node_bytes = remote = 0
+        done = False
         try:
             for sel in np.split(order, cuts):
                 if len(sel) == 0:
@@ -215,14 +279,22 @@ class RmaArray:
                 tt = MPI.BYTE.Create_hindexed(blocks, disps[sel].tolist()).Commit()
                 ot = MPI.BYTE.Create_hindexed(blocks, dest[sel].tolist()).Commit()
                 types += [tt, ot]
-                self._win.Get([out, 1, ot], o, (0, 1, tt))
+                reqs.append(self._win.Rget([out, 1, ot], o, (0, 1, tt)))
                 remote += int(ln.sum())
-            if remote:
-                self._win.Flush_all()
+            if reqs:
+                MPI = _mpi()
+                pause = defaults.get("poll_sleep_us") * 1e-6
+                while not MPI.Request.Testall(reqs):
+                    if poll is not None:
+                        poll()
+                    time.sleep(pause)
+            done = True
         finally:
+            if not done and reqs:  # abandoned: the memory must outlive the pending gets
+                PENDING.append((reqs, out))
             for t in types:
-                t.Free()
-        return node_bytes, remote
+                t.Free()  # freeing a datatype in use is allowed: MPI frees it after the get
+        return node_bytes, remote, len(reqs)
 
     def free(self) -> None:
         """Release the windows (collective over the store's communicator)."""
