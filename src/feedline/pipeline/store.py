@@ -497,8 +497,9 @@ class StoreSource(Source):
             )
         if self._peer_gone is not None:
             raise StorePeerLeft(self._peer_gone + "; create a new Loader on every rank")
-        if self._dead is not None:
-            raise StorePeerDied(self._dead)
+        if self._watch is not None:  # a pass may need no collective (R = 1): check here
+            self._watch._next = 0.0
+            self._poll(time.monotonic())
         self._stop.clear()
         self._pass_st = dict.fromkeys(_PASS_KEYS, 0)
         self._pass_st["rma_wait_s"] = 0.0
