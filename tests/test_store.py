@@ -243,3 +243,22 @@ def test_killed_rank_never_hangs_its_peers(cifar, tmp_path, preset, R, victim, n
     for f in files:  # survivors that raised name the dead rank
         text = (tmp_path / f).read_text()
         assert f"rank {victim} (pid" in text and "died" in text, text
+
+
+def test_store_knob_picks_the_source_and_retired_knobs_say_why(cifar):
+    from feedline.plan import Strategy, get_strategy
+
+    ds = open_dataset(cifar)
+    kw = {"seed": 3, "decode": False}
+    with Loader(ds, 64, preset="deepio-ordered", store="off", **kw) as off:
+        assert off.stats()["source"] == "direct"
+        want = _epoch(off)
+    with Loader(ds, 64, preset="global", assignment="memory", store="ordered", **kw) as on:
+        assert on.stats()["source"] == "store"
+        assert _same(_epoch(on), want)
+    with pytest.raises(ConfigError, match="io_thread.*prefetch_depth"):
+        get_strategy("async", io_thread=False)
+    with pytest.raises(ConfigError, match="own_lock"):
+        Loader(ds, 64, preset="skip", own_lock=False)
+    old = dict(get_strategy("async").to_dict(), io_thread=True, own_lock=False)
+    assert Strategy.from_dict(old) == get_strategy("async")  # older saved states load
