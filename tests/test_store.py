@@ -256,7 +256,7 @@ def test_store_knob_picks_the_source_and_retired_knobs_say_why(cifar):
     with Loader(ds, 64, preset="global", assignment="memory", store="ordered", **kw) as on:
         assert on.stats()["source"] == "store"
         assert _same(_epoch(on), want)
-    with pytest.raises(ConfigError, match="io_thread.*prefetch_depth"):
+    with pytest.raises(ConfigError, match=r"io_thread.*prefetch_depth"):
         get_strategy("async", io_thread=False)
     with pytest.raises(ConfigError, match="own_lock"):
         Loader(ds, 64, preset="skip", own_lock=False)

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from .backend import BACKENDS, PosixBackend, StorageBackend, backend
+from .backend import BACKENDS, FilesBackend, PosixBackend, StorageBackend, backend
 from .engine import (
     METHODS,
     BenchResult,
@@ -24,6 +24,7 @@ from .engine import (
 
 __all__ = [
     "BACKENDS",
+    "FilesBackend",
     "METHODS",
     "BenchResult",
     "Future",

@@ -125,5 +125,7 @@ def store_estimate(
         "remote_gets": gets,
         "remote_bytes": remote,
     }
-    est.rl = rl_memory(sh.n, R, unit=min(_UNIT, max(sh.n, 1)), ranks=P if mode == "opportunistic" else 1)
+    est.rl = rl_memory(
+        sh.n, R, unit=min(_UNIT, max(sh.n, 1)), ranks=P if mode == "opportunistic" else 1
+    )
     return est
