@@ -7,12 +7,13 @@ permuted completely. R = 1 is one full permutation. The lower R, the less random
 With ``store="opportunistic"`` (DeepIO §III-C's entropy-aware opportunistic ordering)
 each round's samples are the same, but placed *locality first*: the DeepIO store puts
 rank k's share of a round (the k-th of P equal runs of the round's sorted ids) in rank
-k's memory, and each rank's positions of the round take, in the seeded order, the
-samples it holds itself; the rest (shares larger than a rank's positions in the round)
-go to ranks of the same node first, then to any rank. The order stays a pure function
-of (seed, epoch, world, R): exactly-once and resume hold, but the order depends on P
-and the nodes (each rank draws from its own share: a rank-stratified shuffle, RL by
-:func:`feedline.plan.rl.rl_memory` with ``ranks=P``)."""
+k's memory, and each rank's positions of the round take its own share, permuted by a
+key of (seed, epoch, round, rank); what is left of the shares larger than their rank's
+positions in the round goes, in rank order, to the ranks with fewer (a round boundary
+inside a step makes a few). The order stays a pure function of (seed, epoch, world, R):
+exactly-once and resume hold, but the order depends on P (each rank draws from its own
+share: a rank-stratified shuffle, RL by :func:`feedline.plan.rl.rl_memory` with
+``ranks=P``); each rank computes its positions in O(its samples + units of a round)."""
 
 from __future__ import annotations
 
@@ -54,85 +55,98 @@ class MemoryStream:
         return group * self.g + off
 
 
-def _match(src_key: np.ndarray, dst_key: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pair elements with positions of the same key, in order within each key: the
-    indices (into *src_key*, *dst_key*) of the pairs, aligned, as many per key as the
-    smaller side has."""
-    so = np.argsort(src_key, kind="stable")
-    do = np.argsort(dst_key, kind="stable")
-    cs = np.bincount(src_key, minlength=k)
-    cd = np.bincount(dst_key, minlength=k)
-    m = np.minimum(cs, cd)
-    ks, kd = src_key[so], dst_key[do]
-    rs = np.arange(len(so)) - np.repeat(np.cumsum(cs) - cs, cs)
-    rd = np.arange(len(do)) - np.repeat(np.cumsum(cd) - cd, cd)
-    return so[rs < m[ks]], do[rd < m[kd]]
+def _bound(L, P: int, k):
+    """Offset of rank k's sub-batch in a step of length L (vectorised; k = P: the end)."""
+    return k * (L // P) + np.minimum(k, L % P)
 
 
 class OpportunisticStream(MemoryStream):
-    """``memory(R)`` placed locality first for the DeepIO store of a world of P ranks on
-    M nodes (see the module docstring). Rounds are computed when first asked for."""
-
-    wraps = False
+    """``memory(R)`` placed locality first for the DeepIO store of a world of P ranks
+    (see the module docstring). Evaluated at any positions in O(len(positions) + P)
+    plus O(units of a round) once per round touched: rank k's positions of round r take
+    rank k's share of the round's sorted ids, permuted by a key of (seed, epoch, r, k);
+    a rank with more positions than its share takes, in rank order, the tails of the
+    shares of ranks with fewer (positions a ``drop_last`` epoch never delivers count as
+    a last pseudo-rank's)."""
 
     def __init__(self, n: int, g: int, fraction: float, key: np.uint64, geo) -> None:
         super().__init__(n, g, fraction, key)
-        self.B, self.P, self.M, self.total = geo.B, geo.P, geo.M, geo.total
+        self.B, self.P, self.total = geo.B, geo.P, geo.total
         self._geo = geo
-        self._rounds: dict[int, np.ndarray] = {}
+        self.opp = derive_key(int(key), 0x4F505054)  # "OPPT"
+        r = np.arange(max(self.rounds, 1), dtype=np.int64)
+        lo, hi = self.round_bounds(r)
+        self._lo = np.atleast_1d(np.asarray(lo, dtype=np.int64))
+        self._hi = np.atleast_1d(np.asarray(hi, dtype=np.int64))
+        self._sorted: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def owner_of(self, base: np.ndarray) -> np.ndarray:
-        """The rank holding each of a round's samples (*base*: all of them): rank k
-        holds the k-th of P equal runs of their sorted ids (the store's placement)."""
-        n_r = len(base)
-        idx = np.empty(n_r, dtype=np.int64)
-        idx[np.argsort(base, kind="stable")] = np.arange(n_r, dtype=np.int64)
-        bounds = np.arange(self.P + 1, dtype=np.int64) * n_r // self.P
-        return np.searchsorted(bounds, idx, side="right") - 1
+    # -- where positions go ----------------------------------------------------------
+    def _count(self, k, p):
+        """Positions < p that rank k consumes (k = P: positions never delivered)."""
+        p = np.asarray(p, dtype=np.int64)
+        k = np.asarray(k, dtype=np.int64)
+        P, B, T = self.P, self.B, self.total
+        pc = np.minimum(p, T)
+        s, o = np.divmod(pc, B)
+        L = np.maximum(np.minimum(B, T - s * B), 0)
+        kk = np.minimum(k, P - 1)
+        full = s * (_bound(B, P, kk + 1) - _bound(B, P, kk))
+        a, b = _bound(L, P, kk), _bound(L, P, kk + 1)
+        mine = full + np.clip(o - a, 0, b - a)
+        return np.where(k == P, np.maximum(p - T, 0), mine)
 
-    def round_order(self, r: int) -> np.ndarray:
-        """Sample ids at the positions of round *r*, locality first."""
-        got = self._rounds.get(r)
-        if got is not None:
-            return got
-        lo_a, hi_a = self.round_bounds(np.array([r], dtype=np.int64))
-        lo, hi = int(np.asarray(lo_a).reshape(-1)[0]), int(np.asarray(hi_a).reshape(-1)[0])
-        pos = np.arange(lo, hi, dtype=np.int64)
-        base = MemoryStream.take(self, pos)  # the seeded order (ordered mode)
-        P, M = self.P, self.M
-        own = self.owner_of(base)
-        s, o = np.divmod(pos, self.B)
-        live = pos < self.total  # positions a drop_last epoch never delivers: nobody's
+    def _rank(self, p):
+        p = np.asarray(p, dtype=np.int64)
+        s, o = np.divmod(p, self.B)
         L = np.maximum(self._geo.step_len(s), 1)
-        prk = np.where(live, _rank_of(o, L, P)[0], P)
-        out = np.full(hi - lo, -1, dtype=np.int64)
-        free_e = np.ones(hi - lo, dtype=bool)
-        free_p = np.ones(hi - lo, dtype=bool)
-        # 1: what the rank holds; 2: what its node holds; 3: the rest, in seeded order
-        tiers = [(own, prk, P + 1)]
-        if M > 1:
-            tiers.append((own * M // P, np.where(live, prk * M // P, M), M + 1))
-        for ek, pk, k in tiers:
-            e_idx, p_idx = np.flatnonzero(free_e), np.flatnonzero(free_p)
-            se, sp = _match(ek[e_idx], pk[p_idx], k)
-            out[p_idx[sp]] = base[e_idx[se]]
-            free_e[e_idx[se]] = False
-            free_p[p_idx[sp]] = False
-        out[free_p] = base[free_e]
-        self._rounds[r] = out
-        return out
+        return np.where(p < self.total, _rank_of(o, L, self.P)[0], self.P)
+
+    # -- what the ranks hold -----------------------------------------------------------
+    def _round_ids(self, r: int, idx: np.ndarray) -> np.ndarray:
+        """The round's sorted ids at indices *idx* (the store's placement order)."""
+        if self.rounds <= 1:
+            return idx
+        got = self._sorted.get(r)
+        if got is None:
+            lo = r * self.per_round
+            hi = min(lo + self.per_round, self.slots.groups)
+            groups = np.sort(self.slots.group_at(np.arange(lo, hi, dtype=np.int64)))
+            sizes = self.slots.size_of_group(groups).astype(np.int64)
+            got = (groups, np.cumsum(sizes), sizes)
+            self._sorted = {r: got}  # rounds are asked for in order
+        groups, cum, sizes = got
+        u = np.searchsorted(cum, idx, side="right")
+        return groups[u] * self.g + idx - (cum[u] - sizes[u])
 
     def take(self, q: np.ndarray) -> np.ndarray:
         q = np.asarray(q, dtype=np.int64)
-        if len(q) == 0 or self.n == 0:
-            return np.zeros(len(q), dtype=np.int64)
-        slot, _, _ = self.slots.locate(q)
-        rnd = slot // self.per_round
         out = np.empty(len(q), dtype=np.int64)
-        lo, _ = self.round_bounds(rnd)
+        if len(q) == 0:
+            return out
+        P = self.P
+        rnd = np.searchsorted(self._lo, q, side="right") - 1
+        ks = np.arange(P + 1, dtype=np.int64)
         for r in np.unique(rnd).tolist():
-            sel = rnd == r
-            out[sel] = self.round_order(r)[q[sel] - lo[sel]]
+            sel = np.flatnonzero(rnd == r)
+            lo, hi = int(self._lo[r]), int(self._hi[r])
+            n_r = hi - lo
+            start = np.append(ks[:P] * n_r // P, n_r)  # share k: sorted [start_k, start_k+1)
+            size = np.append(np.diff(start), 0)  # the pseudo-rank P holds nothing
+            npos = self._count(ks, hi) - self._count(ks, lo)
+            m = np.minimum(size, npos)
+            sur_end = np.cumsum(size - m)
+            def_start = np.cumsum(npos - m) - (npos - m)
+            pq = q[sel]
+            k = self._rank(pq)
+            j = self._count(k, pq) - self._count(k, lo)
+            local = j < m[k]
+            # the share and the index in its permutation of every position
+            d = def_start[k] + j - m[k]
+            k2 = np.where(local, k, np.searchsorted(sur_end, d, side="right"))
+            i2 = np.where(local, j, m[k2] + d - (sur_end[k2] - (size[k2] - m[k2])))
+            keys = subkeys(self.opp, r * (P + 1) + k2)
+            pos = permute(i2, np.maximum(size[k2], 1), keys)
+            out[sel] = self._round_ids(r, start[k2] + pos)
         return out
 
 
