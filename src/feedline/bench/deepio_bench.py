@@ -74,7 +74,6 @@ def _launch(cfg: dict[str, Any], ranks: int, nodes: int, work: str) -> dict[str,
         json.dump(cfg, f)
     opath = cpath + ".out"
     env = dict(os.environ, OMP_NUM_THREADS="1", FEEDLINE_NODES=str(nodes if ranks > 1 else 0))
-    env.setdefault("FEEDLINE_POLL_SLEEP_US", "500")
     cmd = [sys.executable, "-m", "feedline.bench.deepio_worker", cpath, opath]
     if ranks > 1:
         cmd = [mpiexec_command(), "-n", str(ranks), *cmd]

@@ -283,11 +283,16 @@ class RmaArray:
                 remote += int(ln.sum())
             if reqs:
                 MPI = _mpi()
-                pause = defaults.get("poll_sleep_us") * 1e-6
+                # back off from 10 µs to the poll interval: a get through an MPI without
+                # hardware RMA completes when its target makes progress (enters MPI),
+                # which a long first sleep would only delay
+                top = defaults.get("poll_sleep_us") * 1e-6
+                pause = min(1e-5, top)
                 while not MPI.Request.Testall(reqs):
                     if poll is not None:
                         poll()
                     time.sleep(pause)
+                    pause = min(pause * 2, top)
             done = True
         finally:
             if not done and reqs:  # abandoned: the memory must outlive the pending gets
