@@ -5,8 +5,10 @@ a random selection of a fraction R of the dataset's units, permuted completely; 
 one round of everything). Each rank loads a share of every round from storage into its
 part of a job-wide window (``Win.Allocate``) — the round's ids sorted and cut into P
 equal runs, so a rank's load is a few long reads — and then builds every sub-batch by
-one-sided ``MPI_Get`` from whichever rank holds each sample (a copy when it holds it
-itself): DeepIO's RDMA-assisted in-situ shuffle. Where each sample lies is computed,
+one-sided ``MPI_Rget`` from whichever rank holds each sample, one per rank and step (a
+copy when it holds it itself): DeepIO's RDMA-assisted in-situ shuffle. The window is
+``Win.Allocate``'d, so a get needs no help from its target's CPU (shared memory on one
+host, registered memory across hosts). Where each sample lies is computed,
 not communicated: every rank derives the same partition from the plan.
 
 The window holds ``slots`` rounds (one when the whole dataset is one round; else the
