@@ -7,9 +7,10 @@
   load it cold, then one epoch of shuffled batches served from the job's memory, the
   bandwidth reported; remote gets and bytes per epoch with it).
 * **Fig. 10** — the same at 256 KB for 1, 2, 4, 8 ranks (nodes = min(ranks, --nodes)).
-* **Fig. 13** — total time of one cold epoch with a sleep of 100, 50, 10, 5 ms per step
-  standing in for training, for R = 0 (every batch read from storage when asked for),
-  0.25, 0.5 (rounds loaded while the previous one is served) and 1 (all loaded first).
+* **Fig. 13** — total time of ``--epochs`` epochs (default 3; the first cold) with a
+  sleep of 100, 50, 10, 5 ms per step standing in for training, for R = 0 (every batch
+  read from storage when asked for), 0.25, 0.5 (rounds loaded while the previous one is
+  served; every epoch reloads) and 1 (all loaded before the first batch, once).
 * **Table I** — one process: :func:`feedline.deepio.batch` (native engine) vs a PyTorch
   ``DataLoader`` (2 workers) of per-sample reads, 3 KB and 256 KB elements, on tmpfs and
   on disk (page cache emptied first).
@@ -50,17 +51,32 @@ CALTECH_TRAIN = 7660  # 85% of Caltech-101, the paper's RL example
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("deepio")
-    g.add_argument("--ranks", type=int, default=None, help="ranks for Figs. 9, 13 (default 8; 2 with --quick)")
-    g.add_argument("--nodes", type=int, default=None, help="emulated nodes (default 4; 2 with --quick)")
+    g.add_argument(
+        "--ranks", type=int, default=None, help="ranks for Figs. 9, 13 (default 8; 2 with --quick)"
+    )
+    g.add_argument(
+        "--nodes", type=int, default=None, help="emulated nodes (default 4; 2 with --quick)"
+    )
     g.add_argument("--sizes", default=None, help=f"element sizes of Fig. 9 (default {SIZES})")
     g.add_argument(
-        "--total", type=_size, default=None, help="bytes per Fig. 9/10 dataset (default 128M; 4M --quick)"
+        "--total",
+        type=_size,
+        default=None,
+        help="bytes per Fig. 9/10 dataset (default 128M; 4M --quick)",
     )
     g.add_argument(
-        "--pipe-total", type=_size, default=None, help="bytes of the Fig. 13 dataset (default 512M; 8M --quick)"
+        "--pipe-total",
+        type=_size,
+        default=None,
+        help="bytes of the Fig. 13 dataset (default 512M; 8M --quick)",
+    )
+    g.add_argument(
+        "--epochs", type=int, default=None, help="epochs per Fig. 13 run (default 3; 2 --quick)"
     )
     g.add_argument("--path", default=None, help="keep the generated data in this directory")
-    g.add_argument("--no-emulator", action="store_true", help="read the local files (no node views)")
+    g.add_argument(
+        "--no-emulator", action="store_true", help="read the local files (no node views)"
+    )
     g.add_argument("--quick", action="store_true", help="tiny sizes (smoke test, CI)")
     g.add_argument("--out", default="bench-out", help="directory for deepio.json/.md/.png")
     g.add_argument("--json", default=None, help="also write the document here")
@@ -97,8 +113,11 @@ def _bw_rows(res: dict[str, Any], L: int, ranks: int, nodes: int) -> list[dict[s
     return rows
 
 
-def _table1(sizes: list[int], total: int, places: list[tuple[str, str]], work: str) -> list[dict]:
-    """The batch API vs a PyTorch DataLoader of per-sample reads, one process."""
+def _table1(
+    sizes: list[int], total: int, places: list[tuple[str, str]], repeats: int
+) -> list[dict]:
+    """The batch API vs a PyTorch DataLoader of per-sample reads, one process (medians
+    of *repeats* cold runs)."""
     from .. import deepio
     from ..dataset import open_dataset
     from ..io import evict
@@ -113,27 +132,36 @@ def _table1(sizes: list[int], total: int, places: list[tuple[str, str]], work: s
                 ds = open_dataset(path, format="records", record_bytes=L)
                 B = max(8, (4 << 20) // L)
                 order = np.random.default_rng(0).permutation(len(ds))
-                for api in ("deepio.batch", "torch DataLoader"):
-                    evict([path])
-                    t0 = time.perf_counter()
-                    got = 0
-                    if api == "deepio.batch":
-                        for mb in deepio.batch(order, B, dataset=ds, backend="native"):
-                            got += mb.data.nbytes
-                    else:
-                        from torch.utils.data import DataLoader
+                speeds: dict[str, list[float]] = {"deepio.batch": [], "torch DataLoader": []}
+                for _rep in range(repeats):  # interleaved: other load falls on both alike
+                    for api in speeds:
+                        evict([path])
+                        t0 = time.perf_counter()
+                        got = 0
+                        if api == "deepio.batch":
+                            for mb in deepio.batch(order, B, dataset=ds, backend="native"):
+                                got += mb.data.nbytes
+                        else:
+                            from torch.utils.data import DataLoader
 
-                        sr = _SampleReads(ds.index)
-                        steps = [order[i : i + B].tolist() for i in range(0, len(order), B)]
-                        dl = DataLoader(
-                            sr, batch_sampler=steps, num_workers=2, collate_fn=_collate,
-                            prefetch_factor=2, multiprocessing_context="fork",
-                        )
-                        for _ids, lens, _raw in dl:
-                            got += int(lens.sum())
-                        sr.close()
-                    s = time.perf_counter() - t0
-                    rows.append({"storage": place, "element": L, "api": api, "MBps": got / s / 1e6})
+                            sr = _SampleReads(ds.index)
+                            steps = [order[i : i + B].tolist() for i in range(0, len(order), B)]
+                            dl = DataLoader(
+                                sr,
+                                batch_sampler=steps,
+                                num_workers=2,
+                                collate_fn=_collate,
+                                prefetch_factor=2,
+                                multiprocessing_context="fork",
+                            )
+                            for _ids, lens, _raw in dl:
+                                got += int(lens.sum())
+                            sr.close()
+                        speeds[api].append(got / (time.perf_counter() - t0) / 1e6)
+                for api, v in speeds.items():
+                    rows.append(
+                        {"storage": place, "element": L, "api": api, "MBps": float(np.median(v))}
+                    )
             finally:
                 shutil.rmtree(d, ignore_errors=True)
     return rows
@@ -163,10 +191,13 @@ def _checks(doc: dict[str, Any]) -> dict[str, Any]:
     def bw(L, mode):
         return next((r["MBps"] for r in fig9 if r["element"] == L and r["mode"] == mode), None)
 
-    big = max(r["element"] for r in fig9)
-    seq, ordered = bw(big, "seq"), bw(big, "ordered")
-    if seq and ordered:
-        out[f"in-memory ordered / seq cold at {size_label(big)}"] = ordered / seq
+    for L in sorted({r["element"] for r in fig9}):
+        seq, o, p = bw(L, "seq"), bw(L, "ordered"), bw(L, "opportunistic")
+        if seq and o and p:
+            out[f"in-memory ordered, opportunistic / seq cold at {size_label(L)}"] = [
+                round(o / seq, 2),
+                round(p / seq, 2),
+            ]
     small = min(r["element"] for r in fig9)
     o, p = bw(small, "ordered"), bw(small, "opportunistic")
     if o and p:
@@ -181,9 +212,13 @@ def _checks(doc: dict[str, Any]) -> dict[str, Any]:
             dl = next(
                 x["MBps"]
                 for x in doc["table1"]
-                if x["api"] != r["api"] and x["storage"] == r["storage"] and x["element"] == r["element"]
+                if x["api"] != r["api"]
+                and x["storage"] == r["storage"]
+                and x["element"] == r["element"]
             )
-            out[f"batch API / DataLoader, {size_label(r['element'])} on {r['storage']}"] = r["MBps"] / dl
+            out[f"batch API / DataLoader, {size_label(r['element'])} on {r['storage']}"] = (
+                r["MBps"] / dl
+            )
     return out
 
 
@@ -207,20 +242,29 @@ def markdown(doc: dict[str, Any]) -> str:
         return "—" if x is None else format(x, spec)
 
     for L in c["sizes"]:
-        s, o, p = (pick(doc["fig9"], element=L, mode=m) for m in ("seq", "ordered", "opportunistic"))
+        s, o, p = (
+            pick(doc["fig9"], element=L, mode=m) for m in ("seq", "ordered", "opportunistic")
+        )
         lines.append(
             f"| {size_label(L)} | {f(s.get('MBps'))} | {f(o.get('MBps'))} | {f(p.get('MBps'))} | "
             f"{f(o.get('cold_MBps'))} | {f(o.get('rma_gets'))} | {f(p.get('rma_gets'))} | "
             f"{f((o.get('rma_bytes') or 0) / 1e6, '.1f')} | {f((p.get('rma_bytes') or 0) / 1e6, '.1f')} |"
         )
     lines += ["", "## Fig. 10: aggregate read bandwidth vs ranks, 256 KB elements (MB/s)", ""]
-    lines += ["| ranks | nodes | seq (FS, cold) | ordered | opportunistic |", "|---|---|---|---|---|"]
+    lines += [
+        "| ranks | nodes | seq (FS, cold) | ordered | opportunistic |",
+        "|---|---|---|---|---|",
+    ]
     for P in c["fig10_ranks"]:
         s, o, p = (pick(doc["fig10"], ranks=P, mode=m) for m in ("seq", "ordered", "opportunistic"))
         lines.append(
             f"| {P} | {s.get('nodes', '—')} | {f(s.get('MBps'))} | {f(o.get('MBps'))} | {f(p.get('MBps'))} |"
         )
-    lines += ["", "## Fig. 13: total time of one cold epoch with input pipelining (s)", ""]
+    lines += [
+        "",
+        f"## Fig. 13: total time of {c['epochs']} epochs (the first cold) with input pipelining, s",
+        "",
+    ]
     lines += ["| R | " + " | ".join(f"{ms:g} ms/step" for ms in c["iter_ms"]) + " |"]
     lines += ["|---|" + "---|" * len(c["iter_ms"])]
     for R in c["pipe_R"]:
@@ -256,7 +300,10 @@ def plots(doc: dict[str, Any], out: str) -> list[str]:
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
         for mode in ("seq", "ordered", "opportunistic"):
-            ys = [next((r["MBps"] for r in rows if r[xkey] == x and r["mode"] == mode), None) for x in xs]
+            ys = [
+                next((r["MBps"] for r in rows if r[xkey] == x and r["mode"] == mode), None)
+                for x in xs
+            ]
             ax.plot(xs, [np.nan if y is None else y for y in ys], marker="o", label=mode)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -271,9 +318,14 @@ def plots(doc: dict[str, Any], out: str) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 4))
     width = 0.8 / len(c["pipe_R"])
     for i, R in enumerate(c["pipe_R"]):
-        ys = [next((r["s"] for r in doc["fig13"] if r["R"] == R and r["iter_ms"] == ms), 0) for ms in c["iter_ms"]]
+        ys = [
+            next((r["s"] for r in doc["fig13"] if r["R"] == R and r["iter_ms"] == ms), 0)
+            for ms in c["iter_ms"]
+        ]
         ax.bar(np.arange(len(c["iter_ms"])) + i * width, ys, width, label=f"R={R:g}")
-    ax.set_xticks(np.arange(len(c["iter_ms"])) + 0.4 - width / 2, [f"{m:g} ms" for m in c["iter_ms"]])
+    ax.set_xticks(
+        np.arange(len(c["iter_ms"])) + 0.4 - width / 2, [f"{m:g} ms" for m in c["iter_ms"]]
+    )
     ax.set_ylabel("total time (s)")
     ax.legend()
     p = os.path.join(out, "deepio-fig13.png")
@@ -291,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
     pipe_total = args.pipe_total or ((8 << 20) if q else (512 << 20))
     fig10_ranks = [r for r in RANKS if r <= P]
     iter_ms = (5.0,) if q else ITER_MS
+    epochs = args.epochs or (2 if q else 3)
     t1_sizes, t1_total = [3072, 256 << 10], (2 << 20) if q else (64 << 20)
     data = args.path or tempfile.mkdtemp(prefix="feedline-deepio-")
     work = tempfile.mkdtemp(prefix="feedline-deepio-work-")
@@ -317,7 +370,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{pr.aggregate_mbps:g} MB/s aggregate)"
             )
         except (EmulatorUnavailable, FeedlineError) as e:
-            print(f"storage emulator unavailable ({str(e).splitlines()[0]}): local files", flush=True)
+            print(
+                f"storage emulator unavailable ({str(e).splitlines()[0]}): local files", flush=True
+            )
     doc: dict[str, Any] = {"scenario": "deepio", "fig9": [], "fig10": [], "fig13": [], "table1": []}
     try:
 
@@ -328,26 +383,49 @@ def run(args: argparse.Namespace) -> int:
         for L in sizes:
             batch = max(8 * P, (8 << 20) // L)
             res = _launch(
-                cfg(task="bw", path=os.path.join(root, files[L]), record_bytes=L, batch=batch,
-                    modes=["seq", "ordered", "opportunistic"]),
-                P, M, work,
+                cfg(
+                    task="bw",
+                    path=os.path.join(root, files[L]),
+                    record_bytes=L,
+                    batch=batch,
+                    modes=["seq", "ordered", "opportunistic"],
+                ),
+                P,
+                M,
+                work,
             )
             doc["fig9"] += _bw_rows(res, L, P, M)
             print(f"fig9 {size_label(L)}: done", flush=True)
         for r in fig10_ranks:
             m = min(M, r)
             res = _launch(
-                cfg(task="bw", path=os.path.join(root, files[L256]), record_bytes=L256,
-                    batch=max(8 * r, 32), modes=["seq", "ordered", "opportunistic"]),
-                r, m, work,
+                cfg(
+                    task="bw",
+                    path=os.path.join(root, files[L256]),
+                    record_bytes=L256,
+                    batch=max(8 * r, 32),
+                    modes=["seq", "ordered", "opportunistic"],
+                ),
+                r,
+                m,
+                work,
             )
             doc["fig10"] += _bw_rows(res, L256, r, m)
         for R in PIPE_R:
             for ms in iter_ms:
                 res = _launch(
-                    cfg(task="pipe", path=os.path.join(root, "fig13.bin"), record_bytes=L256,
-                        batch=8 * P, R=R, iter_ms=ms),
-                    P, M, work,
+                    cfg(
+                        task="pipe",
+                        path=os.path.join(root, "fig13.bin"),
+                        record_bytes=L256,
+                        batch=8 * P,
+                        R=R,
+                        iter_ms=ms,
+                        epochs=epochs,
+                    ),
+                    P,
+                    M,
+                    work,
                 )
                 doc["fig13"].append({"R": R, "iter_ms": ms, **res})
         print("fig13: done", flush=True)
@@ -360,13 +438,23 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(data, ignore_errors=True)
     places = [("tmpfs", "/dev/shm"), ("disk", tempfile.gettempdir())]
     places = [(n, d) for n, d in places if os.path.isdir(d)]
-    doc["table1"] = _table1(t1_sizes, t1_total, places, work)
+    doc["table1"] = _table1(t1_sizes, t1_total, places, 1 if q else 3)
     doc["rl"] = _rl_rows(P)
     doc["config"] = {
-        "ranks": P, "nodes": M, "sizes": sizes, "total": total, "pipe_total": pipe_total,
-        "fig10_ranks": fig10_ranks, "pipe_R": list(PIPE_R), "iter_ms": list(iter_ms),
-        "table1_sizes": t1_sizes, "table1_total": t1_total,
-        "table1_storage": [n for n, _ in places], "storage": storage, "quick": q,
+        "ranks": P,
+        "nodes": M,
+        "sizes": sizes,
+        "total": total,
+        "pipe_total": pipe_total,
+        "fig10_ranks": fig10_ranks,
+        "pipe_R": list(PIPE_R),
+        "iter_ms": list(iter_ms),
+        "epochs": epochs,
+        "table1_sizes": t1_sizes,
+        "table1_total": t1_total,
+        "table1_storage": [n for n, _ in places],
+        "storage": storage,
+        "quick": q,
     }
     doc["checks"] = _checks(doc)
     text = markdown(doc)
