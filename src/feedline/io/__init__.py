@@ -24,9 +24,9 @@ from .engine import (
 
 __all__ = [
     "BACKENDS",
-    "FilesBackend",
     "METHODS",
     "BenchResult",
+    "FilesBackend",
     "Future",
     "IOEngine",
     "IOStats",
