@@ -699,6 +699,10 @@ class StoreSource(Source):
         rma, self._rma = self._rma, None
         if rma is None:
             return
+        if self._dead is None and self._watch is not None:
+            self._watch._next = 0.0
+            with contextlib.suppress(StorePeerDied):
+                self._poll(time.monotonic())  # a peer that died since the last wait
         if self._dead is not None:  # no collective with a dead rank: keep until exit
             rma.abandon()
             self._kept = True
