@@ -113,3 +113,15 @@ def test_registry_and_errors():
         b.read(([0], [0], [1]), bytearray(1))
     with pytest.raises(ConfigError):
         backend("s3")
+
+
+class TestFiles(StorageBackendTests):
+    def make(self):
+        return backend("files")
+
+
+def test_native_is_the_engine_and_files_is_plain_pread():
+    from feedline.io import FilesBackend
+
+    assert BACKENDS["native"] is PosixBackend and BACKENDS["files"] is FilesBackend
+    assert not FilesBackend().supports_direct_io

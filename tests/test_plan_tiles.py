@@ -33,7 +33,6 @@ TILES = Strategy(
     coalesce_bytes=8 * MiB,
     coalesce_gap=64 << 10,
     prefetch_depth=2,
-    io_thread=True,
     rl_floor=0.9,
 )
 

@@ -131,6 +131,25 @@ def test_store_under_mpiexec(cifar, n, nodes):
     assert out.count("STORE-OK") == n, out
 
 
+@pytest.fixture(scope="module")
+def variable(tmp_path_factory):
+    # JPEG-encoded Datums: every record has its own length
+    return generate(
+        "cifar10-large",
+        str(tmp_path_factory.mktemp("st") / "v"),
+        samples=500,
+        progress=False,
+        encoded=True,
+    )
+
+
+@pytest.mark.parametrize("kind", ["fixed", "variable"])
+@pytest.mark.parametrize(("n", "nodes"), [(1, 0), (2, 0), (4, 2), (8, 4)])
+def test_both_modes_exactly_once_and_resume_exact(cifar, variable, kind, n, nodes):
+    out = _mpi(n, cifar if kind == "fixed" else variable, "exact", nodes=nodes, timeout=600)
+    assert out.count("STORE-EXACT-OK") == n, out
+
+
 @pytest.mark.parametrize("mode", ["slow-peers", "late-close", "out-of-step", "interrupted"])
 def test_store_ranks_out_of_sync(cifar, mode):
     # slow-peers: a rank that left waits in close() while the others take their time
@@ -184,3 +203,62 @@ def test_round_ids_are_the_rounds_positions(n, R, B):
         assert np.array_equal(rounds.ids(r), want)
         seen.append(want)
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(n))
+
+
+@pytest.mark.parametrize(
+    ("preset", "R", "victim", "nodes"),
+    [
+        ("deepio-ordered", 0.25, 1, 2),
+        ("deepio-opportunistic", 1.0, 0, 0),
+        ("deepio-ordered", 1.0, 2, 2),
+    ],
+)
+def test_killed_rank_never_hangs_its_peers(cifar, tmp_path, preset, R, victim, nodes):
+    # issue 16 item 3: SIGKILL of one of 4 ranks mid-epoch, the launcher's auto-cleanup
+    # off: every survivor raises StorePeerDied (its peer watch sees the process gone) and
+    # the exit hook aborts the job, or the MPI runtime ends it; never a hang, never a
+    # survivor that goes on as if nothing happened
+    import time
+
+    hydra = os.path.join(os.path.dirname(mpiexec_command()), "mpiexec.hydra")
+    if not os.access(hydra, os.X_OK):
+        pytest.skip("needs MPICH's mpiexec.hydra (-disable-auto-cleanup)")
+    env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1")
+    env["FEEDLINE_NODES"] = str(nodes)
+    script = os.path.join(HERE, "mpi", "store_kill.py")
+    cmd = [hydra, "-disable-auto-cleanup", "-n", "4", sys.executable, script]
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [*cmd, cifar, preset, str(R), str(victim), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    took = time.monotonic() - t0
+    assert took < 60, took
+    assert proc.returncode != 0
+    files = sorted(os.listdir(tmp_path))
+    assert not [f for f in files if f.startswith("finished")], files
+    for f in files:  # survivors that raised name the dead rank
+        text = (tmp_path / f).read_text()
+        assert f"rank {victim} (pid" in text and "died" in text, text
+
+
+def test_store_knob_picks_the_source_and_retired_knobs_say_why(cifar):
+    from feedline.plan import Strategy, get_strategy
+
+    ds = open_dataset(cifar)
+    kw = {"seed": 3, "decode": False}
+    with Loader(ds, 64, preset="deepio-ordered", store="off", **kw) as off:
+        assert off.stats()["source"] == "direct"
+        want = _epoch(off)
+    with Loader(ds, 64, preset="global", assignment="memory", store="ordered", **kw) as on:
+        assert on.stats()["source"] == "store"
+        assert _same(_epoch(on), want)
+    with pytest.raises(ConfigError, match=r"io_thread.*prefetch_depth"):
+        get_strategy("async", io_thread=False)
+    with pytest.raises(ConfigError, match="own_lock"):
+        Loader(ds, 64, preset="skip", own_lock=False)
+    old = dict(get_strategy("async").to_dict(), io_thread=True, own_lock=False)
+    assert Strategy.from_dict(old) == get_strategy("async")  # older saved states load

@@ -64,6 +64,11 @@ KNOBS: dict[str, _Knob] = {
     "async_buffer": _Knob(
         "32MiB", "async-I/O buffer B for async/async-db (samples, or bytes with a unit)"
     ),
+    "store_peer_timeout_s": _Knob(
+        0.0,
+        "the DeepIO store raises StorePeerDied when a wait for its peers lasts longer "
+        "(0: never; peers on this host are checked for death without a timeout)",
+    ),
     "poll_sleep_us": _Knob(200, "sleep between polls of a pending MPI request"),
     "progress": _Knob(1, "show progress bars on long work (0 to hide)"),
 }

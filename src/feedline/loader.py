@@ -151,6 +151,13 @@ class Loader:
             raise ConfigError("source='node' needs an MPI world (launch with mpiexec)")
         self._knobs = dict(knobs)
         self.strategy: Strategy = self._make_strategy(get_strategy(preset), knobs)
+        if explicit_source is None and not self.strategy.auto:
+            # the store knob picks the DeepIO store (or takes a deepio preset off it)
+            if self.strategy.store in ("ordered", "opportunistic"):
+                if self._source_name == "direct":
+                    self._source_name = "store"
+            elif self._source_name == "store":
+                self._source_name = "direct"
         self.memory_cap = self._resolve_cap(memory_cap)
         #: the cost model's choice (``feedline`` preset), for stats() and explain()
         self.choice = None

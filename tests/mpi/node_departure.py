@@ -66,7 +66,6 @@ TILES = Strategy(
     chunk_bytes=2 << 20,
     coalesce_bytes=8 << 20,
     coalesce_gap=64 << 10,
-    io_thread=True,
     rl_floor=0.9,
 )
 

@@ -15,6 +15,10 @@ SCENARIOS = {
     "async": ("feedline.bench.async_bench", "asynchronous-I/O paper Tables II-V, buffer sweep"),
     "shuffle": ("feedline.bench.shuffle", "shuffle quality: RL and accuracy of a small CNN"),
     "overhead": ("feedline.bench.overhead", "Loader CPU overhead per sample vs PyTorch DataLoader"),
+    "deepio": (
+        "feedline.bench.deepio_bench",
+        "DeepIO Figs. 9, 10, 13, Table I and RL: the in-memory store",
+    ),
     "readers": ("feedline.bench.readers", "pread vs mmap vs per-sample reads (LMDBIO Fig. 8)"),
     "compressed": (
         "feedline.bench.compressed",

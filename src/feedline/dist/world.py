@@ -130,18 +130,78 @@ class NodeArray:
         self.free()
 
 
+#: Requests abandoned because a peer died, and the buffers they write: kept until exit.
+PENDING: list[Any] = []
+
+
+class PeerWatch:
+    """Whether the ranks of a communicator are still alive, without their help.
+
+    Built collectively (every rank's host name and pid); :meth:`dead` then needs no
+    communication: a peer on this host whose process is gone (or a zombie) is dead. A
+    peer on another host cannot be checked this way (MPI has no portable liveness test
+    without ULFM): :meth:`dead` reports it only after *timeout_s* of waiting (0: never),
+    counted by the caller from the start of its wait.
+    """
+
+    def __init__(self, world: World, comm: Any, interval_s: float = 0.5) -> None:
+        import socket
+
+        me = (socket.gethostname(), os.getpid())
+        self._peers = world.allgather(me, comm=comm)
+        self._host = me[0]
+        self._me = comm.Get_rank()
+        self._every = interval_s
+        self._next = 0.0
+        self.gone: list[int] = []
+
+    def describe(self, rank: int) -> str:
+        host, pid = self._peers[rank]
+        return f"rank {rank} (pid {pid} on {host})"
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+        except (OSError, ValueError):
+            return True
+
+    def dead(self) -> list[int]:
+        """Ranks of this host found dead (checked at most every *interval_s*)."""
+        now = time.monotonic()
+        if now < self._next:
+            return self.gone
+        self._next = now + self._every
+        self.gone = [
+            r
+            for r, (host, pid) in enumerate(self._peers)
+            if r != self._me and host == self._host and not self._alive(pid)
+        ]
+        return self.gone
+
+
 class RmaArray:
     """This rank's part of a job-wide store that every rank reads one-sidedly (passive
     target): DeepIO's storage buffer.
 
-    ``array`` is this rank's local memory. :meth:`get` copies byte ranges of any rank's
-    part into a local buffer: from ranks of the same (physical) node by a plain copy out
-    of a node shared-memory window (``Win.Allocate_shared``, what a DeepIO server does
-    with its node's memory), from other nodes by ``MPI_Get`` on a window over the same
-    memory (``Win.Create``: RDMA reads on a real interconnect). Without MPI it is a
-    private array. Synchronisation is the caller's: write your part, :meth:`sync`, then
-    tell the others (a collective); stop reading before telling a writer it may
-    overwrite.
+    ``array`` is this rank's local memory, allocated by MPI (``Win.Allocate``: MPI may
+    place it where its one-sided path is fastest — shared memory for ranks of the same
+    host, memory registered with the NIC across hosts — so a get needs no help from the
+    target's CPU; ``Win.Create`` over memory of our own would make MPICH serve every
+    get by active messages the *target* must progress). :meth:`get` copies byte ranges
+    of any rank's part into a local buffer: this rank's own by a plain copy, every other
+    rank's by one ``MPI_Rget`` per rank (its records described by indexed datatypes).
+    Without MPI it is a private array. Synchronisation is the caller's: write your part,
+    :meth:`sync`, then tell the others (a collective); stop reading before telling a
+    writer it may overwrite.
     """
 
     def __init__(
@@ -150,28 +210,22 @@ class RmaArray:
         win: Any = None,
         rank: int = 0,
         *,
-        shared_win: Any = None,
-        shared_comm: Any = None,
-        peers: dict[int, np.ndarray] | None = None,
+        node_of: Sequence[int] | None = None,
         vote: FreeVote | None = None,
     ) -> None:
         self.array = array
         self._vote = vote
         self._win = win
-        self._swin = shared_win
-        self._scomm = shared_comm
         self._rank = rank
-        self._peers = peers if peers is not None else {rank: array}
-        for w in (win, shared_win):
-            if w is not None:
-                w.Lock_all(_mpi().MODE_NOCHECK)
+        self._node = np.asarray(node_of if node_of is not None else [0], dtype=np.int64)
+        if win is not None:
+            win.Lock_all(_mpi().MODE_NOCHECK)
 
     def sync(self) -> None:
         """Memory barrier: this rank's stores become visible to its peers, and theirs
         (announced by a collective) to this rank."""
-        for w in (self._win, self._swin):
-            if w is not None:
-                w.Sync()
+        if self._win is not None:
+            self._win.Sync()
 
     def get(
         self,
@@ -180,11 +234,15 @@ class RmaArray:
         lengths: np.ndarray,
         out: np.ndarray,
         dest: np.ndarray,
-    ) -> tuple[int, int]:
+        poll: Callable[[], None] | None = None,
+    ) -> tuple[int, int, int]:
         """Copy ``lengths[i]`` bytes at ``disps[i]`` of rank ``owners[i]``'s part into
-        ``out[dest[i]:]``. Returns (bytes copied from other ranks of this node, bytes
-        read from other nodes). One ``MPI_Get`` per rank of another node, its scattered
-        records described by two indexed datatypes, all completed by one flush.
+        ``out[dest[i]:]``. Returns (bytes from other ranks of this rank's node, bytes
+        from other nodes, get calls). One request-based ``MPI_Rget`` per other rank, its
+        scattered records described by two indexed datatypes (a batch of many elements
+        per call); the requests are polled, calling *poll* between tests (it may raise,
+        e.g. when a peer died: the gets then stay pending, and *out* with them, until
+        exit — see :data:`PENDING`).
         """
         owners = np.asarray(owners)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -193,18 +251,17 @@ class RmaArray:
         order = np.argsort(owners, kind="stable")
         cuts = np.flatnonzero(np.diff(owners[order])) + 1
         types: list[Any] = []
+        reqs: list[Any] = []
         node_bytes = remote = 0
+        done = False
         try:
             for sel in np.split(order, cuts):
                 if len(sel) == 0:
                     continue
                 o = int(owners[sel[0]])
                 ln = lengths[sel]
-                src = self._peers.get(o) if self._win is not None else self.array
-                if src is not None:
-                    _copy_records(src, disps[sel], ln, out, dest[sel])
-                    if o != self._rank:
-                        node_bytes += int(ln.sum())
+                if o == self._rank or self._win is None:
+                    _copy_records(self.array, disps[sel], ln, out, dest[sel])
                     continue
                 keep = ln > 0
                 sel, ln = sel[keep], ln[keep]
@@ -215,30 +272,36 @@ class RmaArray:
                 tt = MPI.BYTE.Create_hindexed(blocks, disps[sel].tolist()).Commit()
                 ot = MPI.BYTE.Create_hindexed(blocks, dest[sel].tolist()).Commit()
                 types += [tt, ot]
-                self._win.Get([out, 1, ot], o, (0, 1, tt))
-                remote += int(ln.sum())
-            if remote:
-                self._win.Flush_all()
+                reqs.append(self._win.Rget([out, 1, ot], o, (0, 1, tt)))
+                if self._node[o] == self._node[self._rank]:
+                    node_bytes += int(ln.sum())
+                else:
+                    remote += int(ln.sum())
+            if reqs:
+                MPI = _mpi()
+                # back off from 10 µs to the poll interval
+                top = defaults.get("poll_sleep_us") * 1e-6
+                pause = min(1e-5, top)
+                while not MPI.Request.Testall(reqs):
+                    if poll is not None:
+                        poll()
+                    time.sleep(pause)
+                    pause = min(pause * 2, top)
+            done = True
         finally:
+            if not done and reqs:  # abandoned: the memory must outlive the pending gets
+                PENDING.append((reqs, out))
             for t in types:
-                t.Free()
-        return node_bytes, remote
+                t.Free()  # freeing a datatype in use is allowed: MPI frees it after the get
+        return node_bytes, remote, len(reqs)
 
     def free(self) -> None:
-        """Release the windows (collective over the store's communicator)."""
+        """Release the window (collective over the store's communicator)."""
         if self._win is not None:
             self.array = np.zeros(0, dtype=np.uint8)
-            self._peers = {}
             self._win.Unlock_all()
             self._win.Free()
             self._win = None
-            if self._swin is not None:
-                self._swin.Unlock_all()
-                self._swin.Free()
-                self._swin = None
-            if self._scomm is not None:
-                self._scomm.Free()
-                self._scomm = None
         if self._vote is not None:
             self._vote.free()
             self._vote = None
@@ -246,8 +309,7 @@ class RmaArray:
     def abandon(self) -> None:
         """Drop the handles without the collective free (kept until the process exits)."""
         self.array = np.zeros(0, dtype=np.uint8)
-        self._peers = {}
-        self._win = self._swin = self._scomm = self._vote = None
+        self._win = self._vote = None
 
     def release(self, grace_s: float, pause: float = 1e-3, *, give_up: bool = False) -> bool:
         """Free the windows if every rank releases within *grace_s* of the first (see
@@ -614,36 +676,20 @@ class World:
 
     def rma_array(self, nbytes: int, comm: Any = None) -> RmaArray:
         """Allocate *nbytes* on every rank for a job-wide store, collective over *comm*
-        (default: the World's): node shared memory (``Win.Allocate_shared`` over the
-        physical node), also exposed to every rank by ``Win.Create``. Without MPI this
-        is a private array."""
+        (default: the World's; its ranks must be the World's ranks in order):
+        ``Win.Allocate``, read one-sidedly by every rank. Without MPI this is a private
+        array."""
         comm = comm if comm is not None else self.comm
         nbytes = int(nbytes)
         if comm is None:
             return RmaArray(np.zeros(nbytes, dtype=np.uint8))
         MPI = _mpi()
         me = comm.Get_rank()
-        scomm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
-        if self.emulated:  # an emulated node shares memory; the others are "remote"
-            node = scomm.Split(color=self.node, key=me)
-            scomm.Free()
-            scomm = node
-        swin = MPI.Win.Allocate_shared(max(nbytes, 1), 1, comm=scomm)
-        mem, _ = swin.Shared_query(scomm.Get_rank())
-        win = MPI.Win.Create(mem, 1, comm=comm)
-        sgroup, group = scomm.Get_group(), comm.Get_group()
-        try:
-            ranks = sgroup.Translate_ranks(list(range(scomm.Get_size())), group)
-        finally:
-            sgroup.Free()
-            group.Free()
-        peers = {}
-        for j, g in enumerate(ranks):
-            buf, _ = swin.Shared_query(j)
-            peers[int(g)] = np.frombuffer(buf, dtype=np.uint8)
-        arr = peers[me][:nbytes]
+        win = MPI.Win.Allocate(max(nbytes, 1), 1, comm=comm)
+        arr = np.frombuffer(win.tomemory(), dtype=np.uint8)[:nbytes]
+        nodes = [self.spec.node_of(r) for r in range(comm.Get_size())]
         vote = FreeVote.on_rank0(self, comm)
-        return RmaArray(arr, win, me, shared_win=swin, shared_comm=scomm, peers=peers, vote=vote)
+        return RmaArray(arr, win, me, node_of=nodes, vote=vote)
 
     # ----------------------------------------------------------------- tokens
     def token(self, info) -> Token:

@@ -52,6 +52,8 @@ def find_binary() -> str | None:
     spec = importlib.util.find_spec("feedline._core")
     if spec is not None and spec.origin:
         candidates.append(Path(spec.origin).parent / "bin" / BINARY_NAME)
+        # a worktree whose native module is a symlink to an installed build
+        candidates.append(Path(spec.origin).resolve().parent / "bin" / BINARY_NAME)
     candidates.append(Path(__file__).resolve().parent.parent / "bin" / BINARY_NAME)
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):

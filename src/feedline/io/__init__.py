@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from .backend import BACKENDS, PosixBackend, StorageBackend, backend
+from .backend import BACKENDS, FilesBackend, PosixBackend, StorageBackend, backend
 from .engine import (
     METHODS,
     BenchResult,
@@ -26,6 +26,7 @@ __all__ = [
     "BACKENDS",
     "METHODS",
     "BenchResult",
+    "FilesBackend",
     "Future",
     "IOEngine",
     "IOStats",

@@ -3,8 +3,11 @@
 DeepIO (§III-D) keeps *what* to read (element ids, planned by the framework) apart from
 *how* a store reads it: a backend supplies an init function and a read function that
 fills the output with the requested elements. Here a backend is initialised with the
-dataset's files and reads byte extents into caller buffers; the POSIX backend is the
-native :class:`~feedline.io.engine.IOEngine`. The trade-off: a backend sees only extents
+dataset's files and reads byte extents into caller buffers. Two backends come with
+feedline: ``files`` (:class:`FilesBackend`, plain POSIX ``pread`` from Python, one call
+per extent: the reference, and the template for a new store) and ``native`` (alias
+``posix``: :class:`PosixBackend`, feedline's C++ engine with its threads, ``O_DIRECT``
+and retries). The portable API of :mod:`feedline.deepio` reads through either. The trade-off: a backend sees only extents
 and buffers, never samples or plans, so stores (object stores, burst buffers, an MPI
 in-memory store) plug in with two methods but cannot reorder what the planner decided.
 """
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, CorruptDataError, StorageError
 from .engine import IOEngine, IOStats, RawBuffer, extent_columns
 
 
@@ -99,13 +102,108 @@ class PosixBackend:
             self._engine = None
 
 
+class FilesBackend:
+    """The plainest backend: ``os.pread`` per extent from Python, no threads.
+
+    A short read (the file ends inside an extent) raises
+    :class:`~feedline.errors.CorruptDataError`; an ``OSError`` raises
+    :class:`~feedline.errors.StorageError`, both naming file and offset.
+    """
+
+    name = "files"
+    supports_direct_io = False
+    supports_raw_buffers = False
+
+    def __init__(self, **options: Any) -> None:
+        self._files: list[str] = []
+        self._fds: dict[int, int] = {}
+        self._stats = IOStats()
+
+    def init(self, files: Sequence[str | os.PathLike[str]], **options: Any) -> None:
+        """Remember *files* (opened on first read)."""
+        self.close()
+        self._files = [os.fspath(f) for f in files]
+
+    def _fd(self, i: int) -> int:
+        if not 0 <= i < len(self._files):
+            raise IndexError(f"file_id {i} outside the file table ({len(self._files)} files)")
+        fd = self._fds.get(i)
+        if fd is None:
+            try:
+                fd = os.open(self._files[i], os.O_RDONLY)
+            except OSError as e:
+                raise StorageError(self._files[i], 0, e.errno or 5) from e
+            self._fds[i] = fd
+        return fd
+
+    def read(self, extents: Any, buffers: Any) -> IOStats:
+        """Read *extents* into *buffers* (one buffer back to back, or one per extent)."""
+        if not self._files and not self._fds:
+            raise ConfigError("FilesBackend.read before init()")
+        fid, off, ln = extent_columns(extents)
+        per = isinstance(buffers, list | tuple)
+        if per and len(buffers) != len(fid):
+            raise ValueError(f"{len(buffers)} buffers for {len(fid)} extents")
+        t0 = time.perf_counter()
+        views = [memoryview(b).cast("B") for b in buffers] if per else None
+        whole = None if per else memoryview(buffers).cast("B")
+        if whole is not None and int(ln.sum()) > whole.nbytes:
+            raise ValueError(
+                f"{int(ln.sum())} bytes of extents overflow a {whole.nbytes}-byte buffer"
+            )
+        pos = ops = 0
+        for i in range(len(fid)):
+            f, o, n = int(fid[i]), int(off[i]), int(ln[i])
+            if o < 0 or n < 0:
+                raise ValueError(f"negative offset or length in extent {i}")
+            dst = views[i][:n] if views is not None else whole[pos : pos + n]
+            pos += n
+            got = 0
+            while got < n:
+                try:
+                    k = os.preadv(self._fd(f), [dst[got:]], o + got)
+                except OSError as e:
+                    raise StorageError(self._files[f], o + got, e.errno or 5) from e
+                ops += 1
+                if k == 0:
+                    raise CorruptDataError(
+                        self._files[f], o + got, f"file ends inside an extent of {n} bytes"
+                    )
+                got += k
+        st = IOStats(
+            bytes=pos,
+            storage_bytes=pos,
+            ops=ops,
+            extents=len(fid),
+            tasks=len(fid),
+            submissions=1,
+            wall_s=time.perf_counter() - t0,
+        )
+        self._stats = self._stats + st
+        return st
+
+    def stats(self) -> IOStats:
+        """Cumulative statistics."""
+        return self._stats
+
+    def close(self) -> None:
+        """Close the files (idempotent)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
 def _with_wall(st: IOStats, wall_s: float) -> IOStats:
     d = st.as_dict()
     d["wall_s"] = wall_s
     return IOStats(**d)
 
 
-BACKENDS: dict[str, Callable[..., StorageBackend]] = {"posix": PosixBackend}
+BACKENDS: dict[str, Callable[..., StorageBackend]] = {
+    "posix": PosixBackend,
+    "native": PosixBackend,
+    "files": FilesBackend,
+}
 
 
 def backend(name: str = "posix", **options: Any) -> StorageBackend:
@@ -117,4 +215,4 @@ def backend(name: str = "posix", **options: Any) -> StorageBackend:
     return factory(**options)
 
 
-__all__ = ["BACKENDS", "PosixBackend", "RawBuffer", "StorageBackend", "backend"]
+__all__ = ["BACKENDS", "FilesBackend", "PosixBackend", "RawBuffer", "StorageBackend", "backend"]

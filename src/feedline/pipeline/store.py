@@ -5,8 +5,10 @@ a random selection of a fraction R of the dataset's units, permuted completely; 
 one round of everything). Each rank loads a share of every round from storage into its
 part of a job-wide window (``Win.Allocate``) — the round's ids sorted and cut into P
 equal runs, so a rank's load is a few long reads — and then builds every sub-batch by
-one-sided ``MPI_Get`` from whichever rank holds each sample (a copy when it holds it
-itself): DeepIO's RDMA-assisted in-situ shuffle. Where each sample lies is computed,
+one-sided ``MPI_Rget`` from whichever rank holds each sample, one per rank and step (a
+copy when it holds it itself): DeepIO's RDMA-assisted in-situ shuffle. The window is
+``Win.Allocate``'d, so a get needs no help from its target's CPU (shared memory on one
+host, registered memory across hosts). Where each sample lies is computed,
 not communicated: every rank derives the same partition from the plan.
 
 The window holds ``slots`` rounds (one when the whole dataset is one round; else the
@@ -54,6 +56,7 @@ STALL_S = 10.0  # close() says it is waiting for the others after this long
 _log = logging.getLogger("feedline.store")
 _FAILED = 1 << 62
 
+_PASS_KEYS = ("rma_gets", "rma_bytes", "rma_wait_s", "node_bytes", "local_bytes")
 _OK, _LEFT, _STORAGE, _CORRUPT, _OTHER, _GONE = 0, 1, 2, 3, 4, 5
 _CODE_NAMES = {_STORAGE: "StorageError", _CORRUPT: "CorruptDataError", _OTHER: "an error"}
 
@@ -66,7 +69,21 @@ def flush_orphans() -> None:
     """At exit (the Loader's exit hook, after closing every Loader; before mpi4py
     finalizes MPI): complete the collectives a store that gave up
     posted (they complete when the other ranks reach them; this rank must progress them
-    or the others wait forever)."""
+    or the others wait forever). When a peer died, abort the job instead: MPI cannot
+    finalize with a dead rank, and the survivors would hang in ``MPI_Finalize``."""
+    if _DEAD:
+        import sys
+
+        from mpi4py import MPI
+
+        if not MPI.Is_finalized():
+            print(
+                f"feedline: aborting the MPI job: {_DEAD[0]} (MPI cannot finalize "
+                "with a dead rank)",
+                file=sys.stderr,
+                flush=True,
+            )
+            MPI.COMM_WORLD.Abort(70)
     if not _ORPHANS:
         return
     from mpi4py import MPI
@@ -85,6 +102,15 @@ class StorePeerFailed(FeedlineError):
 
 class StorePeerLeft(FeedlineError):
     """Another rank stopped serving its shares of the store (interrupted in ``close()``)."""
+
+
+class StorePeerDied(StorePeerFailed):
+    """Another rank of the store died (its process is gone) or, on another host, did not
+    answer within ``FEEDLINE_STORE_PEER_TIMEOUT_S``: the store cannot go on; MPI cannot
+    finalize either, so feedline aborts the job at exit (:func:`flush_orphans`)."""
+
+
+_DEAD: list[str] = []  # messages of stores that saw a peer die: abort at exit
 
 
 class StoreOutOfStepError(FeedlineError):
@@ -221,6 +247,8 @@ class StoreSource(Source):
         self._step = 0
         self._done_pass = True
         self._st = {
+            "rma_gets": 0,
+            "rma_wait_s": 0.0,
             "rma_bytes": 0,
             "node_bytes": 0,
             "local_bytes": 0,
@@ -228,6 +256,9 @@ class StoreSource(Source):
             "store_bytes": 0,
         }
         self._pause = defaults.get("poll_sleep_us") * 1e-6
+        self._watch: Any = None  # PeerWatch of the store's communicator
+        self._dead: str | None = None  # a peer died: why
+        self._pass_st = dict.fromkeys(_PASS_KEYS, 0)
 
     # ---------------------------------------------------------------- sizing
     def _sizing(self, plan) -> tuple[_Rounds, int, int]:
@@ -265,12 +296,40 @@ class StoreSource(Source):
             req = self._comm.Iallgather(np.array([code, key], dtype=np.int64), out)
             self._pending = (req, out)
         req, out = self._pending
+        t0 = time.monotonic()
         while not req.Test():
             if self._stop.is_set():
                 raise SourceStopped
+            self._poll(t0)
             time.sleep(self._pause)
         self._pending = None
         return out
+
+    def _poll(self, t0: float) -> None:
+        """Between tests of a pending request: raise :class:`StorePeerDied` when a peer
+        on this host died, or (``store_peer_timeout_s`` > 0) when the wait begun at *t0*
+        lasts longer than that."""
+        if self._dead is not None:
+            raise StorePeerDied(self._dead)
+        if self._watch is None:
+            return
+        gone = self._watch.dead()
+        why = None
+        if gone:
+            who = ", ".join(self._watch.describe(r) for r in gone)
+            why = f"{who} of the in-memory store died"
+        else:
+            limit = float(defaults.get("store_peer_timeout_s"))
+            if limit > 0 and time.monotonic() - t0 > limit:
+                why = (
+                    f"the other ranks of the in-memory store did not answer within "
+                    f"{limit:g} s (FEEDLINE_STORE_PEER_TIMEOUT_S)"
+                )
+        if why is not None:
+            self._dead = why
+            _DEAD.append(why)
+            self._invalidate()
+            raise StorePeerDied(why + "; the job cannot go on (feedline aborts it at exit)")
 
     def _check(self, got: np.ndarray, what: str) -> None:
         """Raise on every rank alike (they all see the same array): a rank gone, a rank
@@ -440,7 +499,12 @@ class StoreSource(Source):
             )
         if self._peer_gone is not None:
             raise StorePeerLeft(self._peer_gone + "; create a new Loader on every rank")
+        if self._watch is not None:  # a pass may need no collective (R = 1): check here
+            self._watch._next = 0.0
+            self._poll(time.monotonic())
         self._stop.clear()
+        self._pass_st = dict.fromkeys(_PASS_KEYS, 0)
+        self._pass_st["rma_wait_s"] = 0.0
         self._drain()  # no read may still land in a window about to be replaced
         self._pending = None
         rounds, slot, nslots = self._sizing(plan)
@@ -469,6 +533,10 @@ class StoreSource(Source):
             rma.free()
         w = self._world
         if w is not None and self._comm is not None:
+            if self._watch is None:
+                from ..dist.world import PeerWatch
+
+                self._watch = PeerWatch(w, self._comm)
             self._rma = w.rma_array(slot * nslots, comm=self._comm)
         else:
             from ..dist.world import RmaArray
@@ -507,10 +575,17 @@ class StoreSource(Source):
         dest = np.zeros(len(ids), dtype=np.int64)
         np.cumsum(lengths[:-1], out=dest[1:])
         out = np.empty(int(lengths.sum()), dtype=np.uint8)
-        node, remote = self._rma.get(self._owner[ids], self._disp[ids], lengths, out, dest)
-        self._st["rma_bytes"] += remote
-        self._st["node_bytes"] += node
-        self._st["local_bytes"] += int(out.size) - remote - node
+        t0 = time.monotonic()
+        node, remote, gets = self._rma.get(
+            self._owner[ids], self._disp[ids], lengths, out, dest, lambda: self._poll(t0)
+        )
+        wait = time.monotonic() - t0 if gets else 0.0
+        for st in (self._st, self._pass_st):
+            st["rma_gets"] += gets
+            st["rma_bytes"] += remote
+            st["rma_wait_s"] += wait
+            st["node_bytes"] += node
+            st["local_bytes"] += int(out.size) - remote - node
         return RawBatch(ids, out, lengths)
 
     def finish(self) -> None:
@@ -614,6 +689,8 @@ class StoreSource(Source):
         )
         st.update(self._st)
         st["buffer_bytes"] = self._st["store_bytes"]
+        st["store_pass"] = dict(self._pass_st)  # the current (or last) pass: per epoch
+        st["store_mode"] = self._plan.strategy.store if self._rounds is not None else None
         return st
 
     def _free_window(self) -> None:
@@ -621,6 +698,14 @@ class StoreSource(Source):
         keep it until exit."""
         rma, self._rma = self._rma, None
         if rma is None:
+            return
+        if self._dead is None and self._watch is not None:
+            self._watch._next = 0.0
+            with contextlib.suppress(StorePeerDied):
+                self._poll(time.monotonic())  # a peer that died since the last wait
+        if self._dead is not None:  # no collective with a dead rank: keep until exit
+            rma.abandon()
+            self._kept = True
             return
         if self._comm is None or self._P == 1:
             rma.free()

@@ -2,13 +2,25 @@
 into units of g contiguous samples (its "files"); each round loads a random selection of
 R·(units) into the job's memory, drawn without replacement, and the samples in memory are
 permuted completely. R = 1 is one full permutation. The lower R, the less random
-(DeepIO's RL), but only a fraction R of the dataset must fit in memory."""
+(DeepIO's RL), but only a fraction R of the dataset must fit in memory.
+
+With ``store="opportunistic"`` (DeepIO §III-C's entropy-aware opportunistic ordering)
+each round's samples are the same, but placed *locality first*: the DeepIO store puts
+rank k's share of a round (the k-th of P equal runs of the round's sorted ids) in rank
+k's memory, and each rank's positions of the round take its own share, permuted by a
+key of (seed, epoch, round, rank); what is left of the shares larger than their rank's
+positions in the round goes, in rank order, to the ranks with fewer (a round boundary
+inside a step makes a few). The order stays a pure function of (seed, epoch, world, R):
+exactly-once and resume hold, but the order depends on P (each rank draws from its own
+share: a rank-stratified shuffle, RL by :func:`feedline.plan.rl.rl_memory` with
+``ranks=P``); each rank computes its positions in O(its samples + units of a round)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ._perm import derive_key, permute, subkeys
+from .layout import _rank_of
 from .streams import Assignment, GroupSlots, register
 
 DEFAULT_UNIT = 64
@@ -43,6 +55,108 @@ class MemoryStream:
         return group * self.g + off
 
 
+def _bound(L, P: int, k):
+    """Offset of rank k's sub-batch in a step of length L (vectorised; k = P: the end)."""
+    return k * (L // P) + np.minimum(k, L % P)
+
+
+class OpportunisticStream(MemoryStream):
+    """``memory(R)`` placed locality first for the DeepIO store of a world of P ranks
+    (see the module docstring). Evaluated at any positions in O(len(positions) + P)
+    plus O(units of a round) once per round touched: rank k's positions of round r take
+    rank k's share of the round's sorted ids, permuted by a key of (seed, epoch, r, k);
+    a rank with more positions than its share takes, in rank order, the tails of the
+    shares of ranks with fewer (positions a ``drop_last`` epoch never delivers count as
+    a last pseudo-rank's)."""
+
+    def __init__(self, n: int, g: int, fraction: float, key: np.uint64, geo) -> None:
+        super().__init__(n, g, fraction, key)
+        self.B, self.P, self.total = geo.B, geo.P, geo.total
+        self._geo = geo
+        self.opp = derive_key(int(key), 0x4F505054)  # "OPPT"
+        r = np.arange(max(self.rounds, 1), dtype=np.int64)
+        lo, hi = self.round_bounds(r)
+        self._lo = np.atleast_1d(np.asarray(lo, dtype=np.int64))
+        self._hi = np.atleast_1d(np.asarray(hi, dtype=np.int64))
+        self._sorted: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    # -- where positions go ----------------------------------------------------------
+    def _count(self, k, p):
+        """Positions < p that rank k consumes (k = P: positions never delivered)."""
+        p = np.asarray(p, dtype=np.int64)
+        k = np.asarray(k, dtype=np.int64)
+        P, B, T = self.P, self.B, self.total
+        pc = np.minimum(p, T)
+        s, o = np.divmod(pc, B)
+        L = np.maximum(np.minimum(B, T - s * B), 0)
+        kk = np.minimum(k, P - 1)
+        full = s * (_bound(B, P, kk + 1) - _bound(B, P, kk))
+        a, b = _bound(L, P, kk), _bound(L, P, kk + 1)
+        mine = full + np.clip(o - a, 0, b - a)
+        return np.where(k == P, np.maximum(p - T, 0), mine)
+
+    def _rank(self, p):
+        p = np.asarray(p, dtype=np.int64)
+        s, o = np.divmod(p, self.B)
+        L = np.maximum(self._geo.step_len(s), 1)
+        return np.where(p < self.total, _rank_of(o, L, self.P)[0], self.P)
+
+    # -- what the ranks hold -----------------------------------------------------------
+    def _round_ids(self, r: int, idx: np.ndarray) -> np.ndarray:
+        """The round's sorted ids at indices *idx* (the store's placement order)."""
+        if self.rounds <= 1:
+            return idx
+        got = self._sorted.get(r)
+        if got is None:
+            lo = r * self.per_round
+            hi = min(lo + self.per_round, self.slots.groups)
+            groups = np.sort(self.slots.group_at(np.arange(lo, hi, dtype=np.int64)))
+            sizes = self.slots.size_of_group(groups).astype(np.int64)
+            got = (groups, np.cumsum(sizes), sizes)
+            self._sorted = {r: got}  # rounds are asked for in order
+        groups, cum, sizes = got
+        u = np.searchsorted(cum, idx, side="right")
+        return groups[u] * self.g + idx - (cum[u] - sizes[u])
+
+    def take(self, q: np.ndarray) -> np.ndarray:
+        q = np.asarray(q, dtype=np.int64)
+        out = np.empty(len(q), dtype=np.int64)
+        if len(q) == 0:
+            return out
+        P = self.P
+        rnd = np.searchsorted(self._lo, q, side="right") - 1
+        ks = np.arange(P + 1, dtype=np.int64)
+        for r in np.unique(rnd).tolist():
+            sel = np.flatnonzero(rnd == r)
+            lo, hi = int(self._lo[r]), int(self._hi[r])
+            n_r = hi - lo
+            start = np.append(ks[:P] * n_r // P, n_r)  # share k: sorted [start_k, start_k+1)
+            size = np.append(np.diff(start), 0)  # the pseudo-rank P holds nothing
+            npos = self._count(ks, hi) - self._count(ks, lo)
+            m = np.minimum(size, npos)
+            sur_end = np.cumsum(size - m)
+            def_start = np.cumsum(npos - m) - (npos - m)
+            pq = q[sel]
+            k = self._rank(pq)
+            j = self._count(k, pq) - self._count(k, lo)
+            local = j < m[k]
+            # the share and the index in its permutation of every position
+            d = def_start[k] + j - m[k]
+            k2 = np.where(local, k, np.searchsorted(sur_end, d, side="right"))
+            i2 = np.where(local, j, m[k2] + d - (sur_end[k2] - (size[k2] - m[k2])))
+            keys = subkeys(self.opp, r * (P + 1) + k2)
+            pos = permute(i2, np.maximum(size[k2], 1), keys)
+            out[sel] = self._round_ids(r, start[k2] + pos)
+        return out
+
+
+def _make(n: int, strategy, key: np.uint64, geo, records) -> MemoryStream:
+    g = unit_size(n, strategy)
+    if strategy.store == "opportunistic":
+        return OpportunisticStream(n, g, strategy.memory_fraction, key, geo)
+    return MemoryStream(n, g, strategy.memory_fraction, key)
+
+
 def unit_size(n: int, strategy) -> int:
     g = strategy.chunk or DEFAULT_UNIT
     return max(1, min(g, max(n, 1)))
@@ -55,6 +169,7 @@ ASSIGNMENT = register(
             n, unit_size(n, strategy), strategy.memory_fraction, key
         ),
         layout=lambda strategy: "row",
-        world_independent=lambda strategy: True,
+        world_independent=lambda strategy: strategy.store != "opportunistic",
+        make_geo=_make,
     )
 )

@@ -72,12 +72,19 @@ def rl_grouped(n: int, group: int, *, local_shuffle: bool = False, exact: bool =
 
 
 @lru_cache(maxsize=1024)
-def rl_memory(n: int, fraction: float, *, unit: int = 1, exact: bool = False) -> float:
+def rl_memory(
+    n: int, fraction: float, *, unit: int = 1, exact: bool = False, ranks: int = 1
+) -> float:
     """RL of DeepIO's hybrid pipeline (eq. 4): rounds of a fraction R of the files in memory.
 
     *unit* samples form a file; each round loads N_c = R·N_f files chosen without
     replacement and fully shuffles the N_mem = N_c·unit samples in memory. Evaluated on
     ``min(n, MODEL_SAMPLES)`` samples unless *exact*.
+
+    *ranks* > 1 models the opportunistic mode (``store="opportunistic"``): each of P
+    ranks draws its positions of a round from its own N_mem/P samples, so the element at
+    round position u is one of the N_mem/P - u//P its rank has left (a rank-stratified
+    shuffle: lower RL than the ordered mode's 1/(N_mem - u)).
     """
     if not 0 < fraction <= 1:
         raise ConfigError(f"fraction must be in (0, 1], got {fraction}")
@@ -90,17 +97,19 @@ def rl_memory(n: int, fraction: float, *, unit: int = 1, exact: bool = False) ->
     Nc = max(1, round(fraction * Nf))
     Nmem = Nc * unit
 
+    P = max(1, int(ranks))
+
     def logp(i):
         r = i // Nmem
         in_round = np.minimum(Nmem, n - r * Nmem)  # the last round may be short
-        return np.log2(np.minimum(Nc, Nf - Nc * r) / (Nf - Nc * r)) - np.log2(
-            in_round - (i - r * Nmem)
-        )
+        u = i - r * Nmem
+        left = in_round - u if P == 1 else np.maximum(np.ceil(in_round / P) - u // P, 1)
+        return np.log2(np.minimum(Nc, Nf - Nc * r) / (Nf - Nc * r)) - np.log2(left)
 
     return _q_entropy(n, logp) / _h_fully(n)
 
 
-def rl_of_strategy(n: int, strategy, *, tile: int | None = None) -> float:
+def rl_of_strategy(n: int, strategy, *, tile: int | None = None, ranks: int = 1) -> float:
     """RL of an assignment's sampling process (what the planner's orders realise).
 
     *tile*: for ``chunk`` with ``chunk_bytes``, the samples of the plan's unit of local
@@ -121,7 +130,8 @@ def rl_of_strategy(n: int, strategy, *, tile: int | None = None) -> float:
     if a == "chunk":
         return rl_grouped(n, tile or chunk_size(n, s), local_shuffle=True)
     if a == "memory":
-        return rl_memory(n, s.memory_fraction, unit=unit_size(n, s))
+        P = ranks if s.store == "opportunistic" else 1
+        return rl_memory(n, s.memory_fraction, unit=unit_size(n, s), ranks=P)
     if a == "window":
         # each window of *tile* samples (the plan's mean window) is shuffled completely;
         # modelled as contiguous groups shuffled locally, a lower bound (a window holds
@@ -181,7 +191,9 @@ def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float
             per_unit = np.diff(x._stream.starts)
             mean_w = float(np.minimum(wl, np.maximum(per_unit, 1)).mean()) if len(wl) else 1.0
             return rl_of_strategy(x.n, x.strategy, tile=max(1, round(mean_w)))
-        return rl_of_strategy(x.n, x.strategy, tile=getattr(x._stream, "tile", None))
+        return rl_of_strategy(
+            x.n, x.strategy, tile=getattr(x._stream, "tile", None), ranks=x.world.size
+        )
     if isinstance(x, (Strategy, str)):
         if n is None:
             raise ConfigError("randomization_level(strategy) needs n (the number of samples)")

@@ -84,18 +84,17 @@ class Strategy:
     prefetch_depth : int
         Batches read ahead of the consumer: 0 synchronous, 1 one buffer filled by an
         I/O thread, 2 double buffering, d > 2 a prefetch queue.
-    io_thread : bool
-        Reads run on a dedicated I/O thread (async-I/O paper) rather than in the
-        consumer.
     store : {"off", "ordered", "opportunistic", "auto"}
-        DeepIO distributed in-memory store; ``auto`` uses it when the dataset fits.
+        DeepIO distributed in-memory store: ``ordered`` and ``opportunistic`` run the
+        Loader on the store source (``off`` on a ``deepio-*`` preset reads from storage
+        every epoch instead, same order); ``opportunistic`` also places each round of the
+        ``memory`` assignment locality first (``docs/deepio.md``); ``auto`` is the cost
+        model's to decide (:func:`feedline.plan.store_cost.store_estimate`).
     circular : bool
         Caffe's circular reading: the last step is filled by wrapping to the start of
         the epoch's order (not exactly-once; never the default).
     rl_floor : float
         Minimum DeepIO randomization level when the chunk size is chosen automatically.
-    own_lock : bool
-        One LMDB lock file per process (MPI-Caffe's fix); affects liblmdb baselines only.
     auto : bool
         The cost model (:func:`feedline.plan.cost.choose`) picks who reads, the tile and
         the window for the job, the dataset and the storage profile (the ``feedline``
@@ -118,11 +117,9 @@ class Strategy:
     sample_reads: bool = False
     stagger: int = 0
     prefetch_depth: int = 0
-    io_thread: bool = False
     store: Store = "off"
     circular: bool = False
     rl_floor: float = 0.0
-    own_lock: bool = False
     auto: bool = False
 
     def __post_init__(self) -> None:
@@ -182,6 +179,10 @@ class Strategy:
 
     def replace(self, **changes: Any) -> Strategy:
         """A copy with *changes* applied (validated)."""
+        retired = set(changes) & set(RETIRED)
+        if retired:
+            k = sorted(retired)[0]
+            raise ConfigError(f"strategy knob {k!r} was removed: {RETIRED[k]}")
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ConfigError(
@@ -196,9 +197,17 @@ class Strategy:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Strategy:
-        """Inverse of :meth:`to_dict`."""
-        return cls().replace(**d)
+        """Inverse of :meth:`to_dict` (knobs since removed, in older states, are dropped:
+        they never changed what was delivered)."""
+        return cls().replace(**{k: v for k, v in d.items() if k not in RETIRED})
 
+
+#: Knobs that were removed, and why (they changed nothing that was delivered).
+RETIRED: dict[str, str] = {
+    "io_thread": "reads run on a loader thread whenever prefetch_depth >= 1 "
+    "(1: one buffer filled by an I/O thread, the async-I/O paper's; 2: double buffering)",
+    "own_lock": "every liblmdb reader opens read-only with lock=False (no lock file at all)",
+}
 
 _LMM = Strategy(assignment="strided", readers_per_node=None, locate="seek", read="mmap")
 _COAL = 8 * _MiB
@@ -225,8 +234,8 @@ PRESETS: dict[str, Strategy] = {
     "lmm-dio-prov-coal": _COALESCED,
     "lmm-dio-prov-coal-stag": _COALESCED.replace(stagger=4),
     # MPI-Caffe on FEFS: read one, skip P-1 (original) vs one contiguous region per rank.
-    "skip": Strategy(assignment="skip", locate="seek", read="mmap", own_lock=True),
-    "contiguous": Strategy(assignment="contiguous", locate="seek", read="mmap", own_lock=True),
+    "skip": Strategy(assignment="skip", locate="seek", read="mmap"),
+    "contiguous": Strategy(assignment="contiguous", locate="seek", read="mmap"),
     # Asynchronous-I/O paper §IV: TF per-sample reads, TF with prefetch, Async I/O (one
     # buffer, I/O thread), Async I/O with double buffering.
     "tf": Strategy(assignment="global", sample_reads=True, read="pread"),
@@ -236,7 +245,6 @@ PRESETS: dict[str, Strategy] = {
         chunk_layout="rank",
         read="pread",
         coalesce_gap=4096,
-        io_thread=True,
         prefetch_depth=1,
     ),
     "async-db": Strategy(
@@ -244,7 +252,6 @@ PRESETS: dict[str, Strategy] = {
         chunk_layout="rank",
         read="pread",
         coalesce_gap=4096,
-        io_thread=True,
         prefetch_depth=2,
     ),
     # DeepIO: in-memory store, global permutation over what is in memory each round.
@@ -268,7 +275,6 @@ PRESETS: dict[str, Strategy] = {
         coalesce_bytes=_COAL,
         coalesce_gap=64 << 10,
         prefetch_depth=2,
-        io_thread=True,
         store="auto",
         rl_floor=0.9,
         auto=True,

@@ -1,0 +1,131 @@
+"""The DeepIO store as a candidate of the cost model (``store="auto"``; docs/deepio.md).
+
+:func:`store_estimate` gives, in the same closed form and the same
+:class:`~feedline.plan.cost.Estimate` as :func:`~feedline.plan.cost.estimate` gives a
+``window`` candidate, one epoch of the ``deepio-*`` presets: the job's memory holds the
+dataset (R = 1) or rounds of a fraction R of it (2R held: double buffering); each rank
+loads its share of a round from storage in a few long reads, and builds its sub-batches
+by copies from its own memory and its node's, and by batched one-sided gets (one per
+remote rank and step) from other nodes. With R = 1 only the first epoch reads storage.
+
+Terms (seconds per epoch, the keys of ``Estimate.terms``): ``latency`` and ``transfer``
+of the loads (zero from the second epoch when R = 1), ``first_window`` (the first round's
+load, exposed before the first batch), ``serve`` (memory copies and remote gets), and
+``coordination`` (two collectives per round). Pure: no I/O, no MPI. The lead's
+:func:`~feedline.plan.cost.choose` decides whether to consider it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .cost import ENGINE_CHUNK, READER_DEPTH, Estimate, Shape, StorageProfile
+from .rl import rl_memory
+
+#: samples per unit of the memory assignment (assign_memory.DEFAULT_UNIT)
+_UNIT = 64
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """What the store's remote gets cost (per node: bytes/s; per get: seconds).
+
+    The default is this machine's emulated nodes (every "remote" get is an MPICH
+    ``MPI_Rget`` through shared memory, measured by ``feedline bench deepio``); an
+    InfiniBand fabric has ~2-5 µs per get and 10-25 GB/s per node.
+    """
+
+    get_latency_s: float = 2e-5
+    node_bw: float = 5e9
+    copy_bw: float = 4e9  # memcpy from this rank's or its node's memory, per rank
+    collective_s: float = 1e-4  # one small allgather of the store's, per log2(P)
+
+
+FABRIC = Fabric()
+
+
+def store_memory_per_node(sh: Shape, memory_fraction: float) -> float:
+    """Bytes of store per node: R of the payload (2R when R < 1), over the nodes."""
+    held = 1.0 if memory_fraction >= 1.0 else min(1.0, 2.0 * memory_fraction)
+    return sh.n * sh.mean_len * held / max(sh.nodes, 1)
+
+
+def store_estimate(
+    sh: Shape,
+    profile: StorageProfile,
+    memory_fraction: float = 1.0,
+    *,
+    mode: str = "ordered",
+    epoch: int = 1,
+    fabric: Fabric = FABRIC,
+) -> Estimate:
+    """The model's figures for the store at fraction R, for epoch *epoch* (0: the first,
+    which loads R = 1; from 1 on R = 1 reads nothing). *mode*: ``ordered`` or
+    ``opportunistic`` (its sub-batches come from the rank's own memory: no gets).
+    Rejected (``Estimate.rejected``) when the store does not fit the memory cap."""
+    R = float(memory_fraction)
+    P, M, B = max(sh.ranks, 1), max(sh.nodes, 1), max(sh.batch, 1)
+    payload = sh.n * sh.mean_len
+    est = Estimate("store", 0, 0, 0, {"store": mode, "memory_fraction": R})
+    est.memory_per_node = store_memory_per_node(sh, R)
+    est.window_bytes = int(est.memory_per_node * M / P)
+    if est.memory_per_node > sh.cap:
+        est.rejected = (
+            f"the store needs {est.memory_per_node:.0f} bytes per node at R={R:g}, over the "
+            f"memory cap of {sh.cap}"
+        )
+        return est
+    units = max(1, math.ceil(sh.n / _UNIT))
+    per_round = max(1, round(R * units))
+    rounds = math.ceil(units / per_round)
+    loads = not (R >= 1.0 and epoch >= 1)
+    # loads: each rank reads its share of every round; a round's share is a run of its
+    # sorted units (adjacent ones merge): about one read per unit when R < 1, a few
+    # engine-sized requests when R = 1
+    disk = payload * sh.span
+    reqs = (units if R < 1.0 else P) + disk / ENGINE_CHUNK if loads else 0.0
+    ranks_on_node = -(-P // M)
+    streams = P * READER_DEPTH
+    f = max(1.0, streams / profile.server_streams) if profile.server_streams else 1.0
+    per_rank_bw = min(
+        profile.stream_bw * min(READER_DEPTH, max(profile.streams_per_node, 1)),
+        profile.node_bw / ranks_on_node,
+    )
+    lat = profile.latency_s * f
+    t_lat = reqs * lat / (READER_DEPTH * P) if loads else 0.0
+    t_bw = disk / P / per_rank_bw if loads else 0.0
+    t_agg = disk * f / profile.aggregate_bw if loads and profile.aggregate_bw else 0.0
+    first = (t_lat + max(t_bw, t_agg)) / rounds if loads else 0.0
+    # serving: of a rank's sub-batch, 1/P is its own memory, (ranks_on_node - 1)/P its
+    # node's, the rest on other nodes (ordered); opportunistic serves its own memory
+    steps = max(sh.steps, 1)
+    remote_frac = 0.0 if mode == "opportunistic" else (P - ranks_on_node) / P
+    remote = payload * remote_frac
+    gets = 0.0 if mode == "opportunistic" else steps * P * min(P - ranks_on_node, B / P)
+    t_serve = (payload - remote) / (fabric.copy_bw * P) + remote / (fabric.node_bw * M)
+    t_serve += gets / P * fabric.get_latency_s
+    est.requests = reqs
+    est.bytes = disk if loads else 0.0
+    est.readers = P
+    est.windows_per_unit = rounds
+    est.regions_per_batch = float(B)
+    est.terms = {
+        "latency": t_lat,
+        "transfer": max(t_bw, t_agg),
+        "first_window": first,
+        "serve": t_serve,
+        "coordination": (2 * rounds if loads else 0) * fabric.collective_s * max(1.0, math.log2(P)),
+    }
+    est.knobs = {
+        "assignment": "memory",
+        "store": mode,
+        "memory_fraction": R,
+        "readers_per_node": 0,
+        "remote_gets": gets,
+        "remote_bytes": remote,
+    }
+    est.rl = rl_memory(
+        sh.n, R, unit=min(_UNIT, max(sh.n, 1)), ranks=P if mode == "opportunistic" else 1
+    )
+    return est

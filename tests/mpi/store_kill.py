@@ -1,0 +1,46 @@
+"""Under mpiexec without the launcher's auto-cleanup: one rank of the DeepIO store is
+SIGKILLed mid-epoch; the survivors must raise StorePeerDied (or be aborted) quickly,
+never hang in MPI_Get or a collective.
+
+    store_kill.py DATASET_DIR PRESET R VICTIM OUT_DIR
+Each survivor that raised writes OUT_DIR/raised-RANK (its message and time); one that
+ran to the end writes OUT_DIR/finished-RANK (files: the launcher may drop the output of
+a job that lost a rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from mpi4py import MPI
+
+from feedline import Loader, open_dataset
+from feedline.pipeline.store import StorePeerDied
+
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+path, preset, R, victim = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+out = sys.argv[5]
+with open(os.path.join(path, ".feedline-make.json")) as f:
+    m = json.load(f)
+ds = open_dataset(path, format=m["format"], comm=comm, **m.get("open_options", {}))
+ld = Loader(ds, 16, preset=preset, memory_fraction=R, seed=1, decode=False)
+t0 = time.monotonic()
+try:
+    for epoch in range(50):
+        ld.set_epoch(epoch)
+        for i, _b in enumerate(ld):
+            if rank == victim and epoch == 1 and i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.002)
+except StorePeerDied as e:
+    with open(os.path.join(out, f"raised-{rank}"), "w") as f:
+        f.write(f"{time.monotonic() - t0:.1f} {e}")
+    ld.close()
+    sys.exit(3)  # the exit hook aborts the job (MPI cannot finalize with a dead rank)
+with open(os.path.join(out, f"finished-{rank}"), "w") as f:
+    f.write("finished")
