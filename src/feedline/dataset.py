@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 from typing import Any, Literal
 
@@ -19,10 +20,11 @@ import numpy as np
 from . import defaults
 from .errors import ConfigError, CorruptDataError, StaleDatasetError, StorageError
 from .formats import detect, get_format
-from .formats.base import Decoder, Format
+from .formats.base import Decoder, Format, RawDecoder
 from .index import Index, dataset_fingerprint, fingerprint, load_sidecar, write_sidecar
 
 OnStale = Literal["rebuild", "error"]
+log = logging.getLogger("feedline")
 
 
 def sidecar_candidates(root: str, files: list[str], key: str) -> list[str]:
@@ -51,6 +53,9 @@ class Dataset:
         Absolute paths of the dataset files.
     root : str
         Directory the file names are relative to (for sidecars shared by node views).
+    decode_note : str or None
+        Why records are delivered as raw bytes when the format's decoder does not apply
+        (e.g. an LMDB whose records are not Caffe ``Datum``); None otherwise.
     """
 
     def __init__(
@@ -61,7 +66,10 @@ class Dataset:
         sidecar: bool = True,
         on_stale: OnStale = "rebuild",
         progress: bool | None = None,
+        decode: bool | None = None,
     ) -> None:
+        if decode is not None and not isinstance(decode, bool):
+            raise ConfigError(f"decode must be True, False or None (detect), not {decode!r}")
         if on_stale not in ("rebuild", "error"):
             raise ConfigError(f"on_stale must be 'rebuild' or 'error', not {on_stale!r}")
         self._fmt = fmt
@@ -74,7 +82,9 @@ class Dataset:
         self.on_stale: OnStale = on_stale
         self.progress = bool(defaults.get("progress")) if progress is None else progress
         self._index: Index | None = None
-        self._decoder: Decoder | None = None
+        self._decode = decode
+        self._decoders: dict[bool, Decoder] = {}
+        self.decode_note: str | None = None
         self._fds: dict[int, int] = {}
         self.sidecar_path: str | None = None
         self._fingerprint: str | None = None
@@ -182,11 +192,30 @@ class Dataset:
         return out, lengths
 
     @property
+    def decodes(self) -> bool:
+        """Whether records are decoded: the ``decode=`` given to :func:`open_dataset`, or
+        detected from the first records (an LMDB whose records are not Caffe ``Datum``
+        gives raw bytes, said once in the ``feedline`` log and in ``feedline inspect``)."""
+        if self._decode is None:
+            note = self._fmt.detect_decode(self.index)
+            self._decode = note is None
+            if note is not None:
+                self.decode_note = note
+                log.warning("feedline: %s: %s", self.root, note)
+        return self._decode
+
+    def decoder_for(self, decode: bool) -> Decoder:
+        """The format's decoder (*decode* True) or the raw-bytes one, made once."""
+        dec = self._decoders.get(bool(decode))
+        if dec is None:
+            dec = self._fmt.make_decoder(self.index) if decode else RawDecoder(self.index)
+            self._decoders[bool(decode)] = dec
+        return dec
+
+    @property
     def decoder(self) -> Decoder:
-        """The format's decoder for this dataset."""
-        if self._decoder is None:
-            self._decoder = self._fmt.make_decoder(self.index)
-        return self._decoder
+        """The decoder for this dataset (see :attr:`decodes`)."""
+        return self.decoder_for(self.decodes)
 
     def decode(self, raw, lengths, ids, out=None):
         """Decode a batch of raw records; see :meth:`Decoder.decode`."""
@@ -214,6 +243,8 @@ class Dataset:
             info["record_bytes_mean"] = float(idx.lengths.mean())
         info["payload_fraction"] = info["payload_bytes"] / max(1, info["file_bytes"])
         info.update(self._fmt.describe(idx))
+        if not self.decodes:
+            info["decode"] = self.decode_note or "raw bytes (decode=False)"
         return info
 
     def close(self) -> None:
@@ -258,6 +289,7 @@ def open_dataset(
     sidecar: bool = True,
     on_stale: OnStale = "rebuild",
     progress: bool | None = None,
+    decode: bool | None = None,
     **options: Any,
 ) -> Dataset:
     """Open a dataset for feedline.
@@ -277,6 +309,10 @@ def open_dataset(
         Cache the index in a sidecar file (default True).
     on_stale : {"rebuild", "error"}
         What to do when a sidecar no longer matches the files.
+    decode : bool or None
+        Decode records with the format's decoder (True), deliver raw bytes (False), or
+        detect (None, default): an LMDB whose first records are not Caffe ``Datum``
+        (pickled, msgpack, JPEG bytes ...) is delivered as raw bytes.
     **options
         Format options: ``record_bytes``, ``label_bytes``, ``header_bytes`` (records),
         ``dataset``, ``labels`` (HDF5).
@@ -284,9 +320,18 @@ def open_dataset(
     Returns
     -------
     Dataset
+
+    Raises
+    ------
+    DatasetNotFoundError
+        A path that does not exist (also a ``FileNotFoundError``).
+    UnsupportedFormatError
+        The format cannot be told from the path (the message lists what was tried).
     """
     path_or_paths = _expand_node(path_or_paths, comm)
     name = format or detect(path_or_paths)
     cls = get_format(name)
     fmt = cls(path_or_paths, **options)
-    return Dataset(fmt, comm=comm, sidecar=sidecar, on_stale=on_stale, progress=progress)
+    return Dataset(
+        fmt, comm=comm, sidecar=sidecar, on_stale=on_stale, progress=progress, decode=decode
+    )

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from .dataset import Dataset, open_dataset
-from .errors import ConfigError
+from .errors import ConfigError, FeedlineError
 from .generate import read_manifest
 
 # option name -> (flag, type, help): the open_dataset options both commands accept
@@ -104,6 +104,8 @@ def open_from_args(
     try:
         ds = open_dataset(path, format=fmt, sidecar=sidecar, **options)
     except FileNotFoundError as e:  # a user's typo, not a crash: report it like other errors
+        if isinstance(e, FeedlineError):
+            raise
         raise ConfigError(str(e.args[0] if e.args else e)) from None
     return ds, manifest
 

@@ -272,7 +272,7 @@ class Loader:
         return "odirect" if total > int(defaults.get("direct_above")) else "pread"
 
     def _resolve_cap(self, memory_cap) -> int:
-        from .pipeline.options import parse_bytes
+        from .units import parse_bytes
 
         if memory_cap is None:
             cap = int(defaults.get("memory_cap"))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..errors import UnsupportedFormatError
+from ..errors import DatasetNotFoundError, UnsupportedFormatError
 from ..index import Index, Keys
 from .base import Decoder, Format, RawDecoder, register
 
@@ -56,8 +56,8 @@ def data_file(path: str | os.PathLike[str]) -> str:
     ------
     UnsupportedFormatError
         When a directory holds no ``data.mdb``.
-    FileNotFoundError
-        When *path* does not exist.
+    DatasetNotFoundError
+        When *path* does not exist (a ``FileNotFoundError``).
     """
     p = os.fspath(path)
     if os.path.isdir(p):
@@ -66,7 +66,7 @@ def data_file(path: str | os.PathLike[str]) -> str:
             raise UnsupportedFormatError(p, "directory holds no data.mdb (not an LMDB environment)")
         return os.path.abspath(f)
     if not os.path.exists(p):
-        raise FileNotFoundError(f"no such LMDB: {p!r}")
+        raise DatasetNotFoundError(p, "no such LMDB")
     return os.path.abspath(p)
 
 
