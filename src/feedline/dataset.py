@@ -335,3 +335,36 @@ def open_dataset(
     return Dataset(
         fmt, comm=comm, sidecar=sidecar, on_stale=on_stale, progress=progress, decode=decode
     )
+
+
+#: open_dataset's own keyword options (format options are each format's ``options``)
+OPEN_OPTIONS = ("format", "sidecar", "on_stale", "progress", "decode")
+
+
+def as_dataset(data, comm: Any, options: dict[str, Any]) -> Dataset:
+    """*data* as a Dataset: an opened one as is, else ``open_dataset(data, ...)`` with the
+    options that belong to it (``format``, ``sidecar``, ``on_stale``, ``progress``,
+    ``decode`` and the format's own, e.g. ``dataset=``/``labels=`` for HDF5), which are
+    removed from *options* (the Loader's keyword arguments)."""
+    if isinstance(data, Dataset):
+        mine = sorted(k for k in options if k in OPEN_OPTIONS or k in type(data._fmt).options)
+        if mine:
+            raise ConfigError(
+                f"{mine} are open_dataset options: pass them to open_dataset(...), or give "
+                "the Loader a path instead of an opened Dataset"
+            )
+        return data
+    if not isinstance(data, str | os.PathLike | list | tuple):
+        raise ConfigError(
+            "the Loader reads a path (str or os.PathLike), a list of paths or a Dataset from "
+            f"feedline.open_dataset, not {type(data).__name__}"
+        )
+    if isinstance(data, list | tuple) and not all(isinstance(p, str | os.PathLike) for p in data):
+        raise ConfigError("a list of dataset files must hold paths (str or os.PathLike)")
+    name = options.get("format")
+    if name is None:
+        name = detect(_expand_node(data, comm))
+    fmt_options = set(get_format(name).options)
+    kw = {k: options.pop(k) for k in list(options) if k in OPEN_OPTIONS or k in fmt_options}
+    kw["format"] = name
+    return open_dataset(data, comm=comm, **kw)

@@ -21,6 +21,7 @@ across steps is the coalescing presets' business.
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import time
@@ -167,6 +168,68 @@ class MmapCursor:
             self.txn.abort()
             self.env.close()
             self.env = None
+
+
+class PageCursor:
+    """feedline's own cursor, for when py-lmdb cannot map the file: the same walk over
+    the tree (:class:`Locator`'s page parser, one ``pread`` per page, as the map would
+    fault them in), then one ``pread`` per value. Used by :func:`open_cursor` when this
+    process already has the environment open in py-lmdb (liblmdb refuses a second
+    open of one environment in a process)."""
+
+    def __init__(self, path: str, counters: dict[str, Any]) -> None:
+        self.c = counters
+        self.path = path
+        self.loc = Locator(path, counters)
+
+    def read(self, ids: np.ndarray, dest: np.ndarray) -> np.ndarray:
+        """Copy the values of *ids* (in order) back to back into *dest*; return lengths."""
+        ids = np.asarray(ids, dtype=np.int64)
+        u, offs, lens = self.loc.locate(ids)
+        k = np.searchsorted(u, ids)
+        offs, lens = offs[k], lens[k]
+        t0 = time.perf_counter()
+        pos = 0
+        for off, n in zip(offs.tolist(), lens.tolist(), strict=True):
+            dest[pos : pos + n] = np.frombuffer(_pread(self.loc.fd, n, off, self.path), np.uint8)
+            pos += n
+        c = self.c
+        c["io_s"] += time.perf_counter() - t0
+        c["read_bytes"] += pos
+        c["read_ops"] += len(ids)
+        c["records_read"] += len(ids)
+        c["payload_read_bytes"] += pos
+        return lens
+
+    def storage(self) -> tuple[int, int]:
+        """(bytes, ops) beyond the counters: none (reads are counted as they happen)."""
+        return 0, 0
+
+    def close(self) -> None:
+        self.loc.close()
+
+
+def open_cursor(path: str, counters: dict[str, Any]) -> MmapCursor | PageCursor:
+    """A liblmdb cursor over mmap, or :class:`PageCursor` when liblmdb cannot open the
+    environment because this process already has it open (a user's ``lmdb.open`` before
+    the Loader): the same records, read with explicit reads; said once in the log."""
+    try:
+        return MmapCursor(path, counters)
+    except Exception as e:
+        if "already open" not in str(e):
+            raise
+    global _SAID_SHARED
+    if not _SAID_SHARED:
+        _SAID_SHARED = True
+        logging.getLogger("feedline").info(
+            "feedline: %s is already open in py-lmdb in this process; the cursor presets "
+            "read it with feedline's own page reader instead of a second liblmdb map",
+            path,
+        )
+    return PageCursor(path, counters)
+
+
+_SAID_SHARED = False
 
 
 # --------------------------------------------------------------------- speculation
