@@ -266,3 +266,75 @@ def test_memory_cap_message_prints_human_units(datum_lmdb):
             Loader(datum_lmdb[0], batch_size=8, preset=preset, memory_cap=1)
         msg = str(e.value)
         assert "1 B" in msg and "bytes" not in msg.replace("bytes per", ""), msg
+
+
+# ------------------------------------------------------- 4. frameworks as users call them
+
+
+def test_torch_variable_length_records_as_list_or_padded(raw_lmdb, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from feedline.torch import FeedlineDataset
+
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    path, values = raw_lmdb
+    assert len({len(v) for v in values}) > 1  # variable length
+    with FeedlineDataset(path, 8, preset="tf", with_ids=True) as fd:  # ragged="list"
+        got = {}
+        for x, y, ids in fd:
+            assert isinstance(x, list) and len(x) == len(ids) and y is None
+            for t, i in zip(x, ids.tolist(), strict=True):
+                assert t.dtype == torch.uint8
+                got[i] = bytes(t.numpy())
+    assert got == dict(enumerate(values))
+    with FeedlineDataset(path, 8, preset="tf", ragged="pad", with_ids=True) as fd:
+        for x, _, lengths, ids in fd:
+            assert x.shape == (len(ids), int(lengths.max()))
+            for row, n, i in zip(x, lengths.tolist(), ids.tolist(), strict=True):
+                assert bytes(row[:n].numpy()) == values[i] and not row[n:].any()
+    with FeedlineDataset(path, 8, preset="tf", ragged="pad", pad_to=4096, as_dict=True) as fd:
+        item = next(iter(fd))
+        assert set(item) == {"data", "labels", "lengths", "ids"}
+        assert item["data"].shape[1] == 4096
+    with pytest.raises(ConfigError, match="ragged"):
+        FeedlineDataset(path, 8, ragged="flat")
+
+
+def test_torch_dataloader_that_batches_again_warns(datum_lmdb, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from feedline.torch import FeedlineDataset
+
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with FeedlineDataset(datum_lmdb[0], 8, preset="tf") as fd:
+        with pytest.warns(RuntimeWarning, match="batch_size=None"):
+            x, _ = next(iter(torch.utils.data.DataLoader(fd)))  # default batch_size=1
+        assert x.shape[:2] == (1, 8)  # what the warning is about
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            x, _ = next(iter(torch.utils.data.DataLoader(fd, batch_size=None)))
+            assert x.shape[0] == 8
+
+
+def test_jax_variable_length_records(raw_lmdb):
+    jax = pytest.importorskip("jax")
+    from feedline.jax import global_batches, host_batches
+
+    path, values = raw_lmdb
+    with Loader(path, 8, preset="tf", drop_last=True) as ld, Loader(path, 8, preset="tf") as ref:
+        for (samples, _), b in zip(host_batches(ld), ref, strict=False):
+            assert [s.tobytes() for s in samples] == [values[i] for i in b.ids]
+        ld.set_epoch(1)
+        for data, _, lengths in host_batches(ld, ragged="pad"):
+            assert data.shape == (8, int(lengths.max()))
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        with pytest.raises(ConfigError, match="with_lengths"):
+            next(global_batches(ld, sharding))
+        longest = max(len(v) for v in values)
+        for data, labels, lengths in global_batches(ld, sharding, with_lengths=True):
+            assert data.shape == (8, longest) and labels is None
+            rows = np.asarray(data)
+            for row, n in zip(rows, np.asarray(lengths).tolist(), strict=True):
+                assert bytes(row[:n]) in values and not row[n:].any()
