@@ -129,7 +129,7 @@ def test_quick_demo_table_and_json(tmp_path):
         assert "storage: local disk" in p.stdout, p.stdout
     rows = _rows(p.stdout)
     assert BASELINE in rows and FEEDLINE in rows and CURSOR in rows, p.stdout
-    assert rows[BASELINE][-2:] == ["1.00x", "reference"]
+    assert rows[BASELINE][-3:] == ["1.00x", "no", "reference"]
     assert re.search(r"physical limit: \d+ MB/s", p.stdout)
 
     doc = json.loads(out.read_text())
@@ -144,6 +144,7 @@ def test_quick_demo_table_and_json(tmp_path):
         assert r["payload_bytes"] == runs[BASELINE]["payload_bytes"] > 0
         assert r["MBps"] == pytest.approx(r["payload_bytes"] / r["time_s"] / 1e6)
         assert r["ratio_to_baseline"] == pytest.approx(r["MBps"] / runs[BASELINE]["MBps"])
+        assert r["fraction_of_limit"] <= 1 + 1e-9  # never above the same run's limit
         if _emulator_usable():
             # every run started cold and read its data from the emulated servers
             assert sum(e["bytes"] for e in r["stats"]["emulator"] if e) > 0

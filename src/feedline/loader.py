@@ -90,7 +90,9 @@ class Batch:
         if not self.ragged:
             return list(self.data)
         ends = np.cumsum(self.lengths)
-        return [self.data[e - n : e] for e, n in zip(ends.tolist(), self.lengths.tolist())]
+        return [
+            self.data[e - n : e] for e, n in zip(ends.tolist(), self.lengths.tolist(), strict=True)
+        ]
 
     def padded(self, pad_to: int | None = None, fill: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(b, L)`` uint8 records padded with *fill* to *pad_to* (default: the longest

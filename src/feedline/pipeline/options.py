@@ -15,6 +15,7 @@ from .. import defaults
 from ..errors import ConfigError
 from ..units import parse_bytes
 
+
 @dataclass(frozen=True, slots=True)
 class BufferSize:
     """The async-I/O paper's buffer B, in samples or in bytes (exactly one is set).
