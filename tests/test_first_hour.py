@@ -164,10 +164,14 @@ def test_unknown_format_lists_what_was_tried(tmp_path):
 
 def test_non_datum_lmdb_gives_raw_bytes_said_once(raw_lmdb, caplog):
     path, values = raw_lmdb
+    import feedline.dataset
+
+    feedline.dataset._SAID.discard(path)  # said once per process: forget earlier tests
     with caplog.at_level(logging.WARNING, logger="feedline"):
         ds = open_dataset(path, sidecar=False)
         got = _delivered(Loader(ds, batch_size=7, preset="tf", seed=2))
         _delivered(Loader(ds, batch_size=7, preset="feedline"))
+        _delivered(Loader(path, batch_size=7, preset="lmdb", sidecar=False))  # opened again
     assert got == {i: v for i, v in enumerate(values)}
     said = [r for r in caplog.records if "not a Caffe Datum" in r.getMessage()]
     assert len(said) == 1 and path in said[0].getMessage()

@@ -42,6 +42,18 @@ def sidecar_candidates(root: str, files: list[str], key: str) -> list[str]:
     return [local, cached]
 
 
+_SAID: set[str] = set()
+
+
+def _say_once(root: str, note: str) -> None:
+    """Log *note* about the dataset at *root* once per process, on rank 0 only."""
+    from .progress import process_rank
+
+    if root not in _SAID and process_rank() == 0:
+        log.warning("feedline: %s: %s", root, note)
+    _SAID.add(root)
+
+
 class Dataset:
     """A dataset opened by :func:`open_dataset`.
 
@@ -201,7 +213,7 @@ class Dataset:
             self._decode = note is None
             if note is not None:
                 self.decode_note = note
-                log.warning("feedline: %s: %s", self.root, note)
+                _say_once(self.root, note)
         return self._decode
 
     def decoder_for(self, decode: bool) -> Decoder:
