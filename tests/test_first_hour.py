@@ -477,3 +477,11 @@ def test_plots_and_matplotlib_only_when_asked(tmp_path):
     (tmp_path / "doc.json").write_text(json.dumps(_doc(100.0, [50.0, 80.0])))
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_plan_cli_takes_memory_cap_with_units(capsys):
+    from feedline.cli import main
+
+    argv = ["plan", "--ranks", "4", "--nodes", "1", "--samples", "1000", "--record-bytes", "3000"]
+    assert main([*argv, "--preset", "tf", "--memory-cap", "64MiB"]) == 0
+    assert "tf" in capsys.readouterr().out

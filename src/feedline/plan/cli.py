@@ -23,6 +23,12 @@ from .strategy import PRESET_DOCS, PRESETS, get_strategy
 from .world import WorldSpec
 
 
+
+def _size(text: str) -> int:
+    from ..units import parse_bytes
+
+    return parse_bytes(text, "--memory-cap")
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "plan",
@@ -46,7 +52,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--key-bytes", type=int, default=8, help="synthetic LMDB key length")
     p.add_argument(
-        "--memory-cap", type=float, default=None, help="bytes per node (default: feedline's)"
+        "--memory-cap",
+        type=_size,
+        default=None,
+        help="bytes per node, e.g. 64MiB, 2G, 2.5e9 (default: feedline's)",
     )
     p.add_argument(
         "--profile",
