@@ -26,6 +26,7 @@ import os
 import resource
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -173,13 +174,14 @@ class MmapCursor:
 class PageCursor:
     """feedline's own cursor, for when py-lmdb cannot map the file: the same walk over
     the tree (:class:`Locator`'s page parser, one ``pread`` per page, as the map would
-    fault them in), then one ``pread`` per value. Used by :func:`open_cursor` when this
-    process already has the environment open in py-lmdb (liblmdb refuses a second
-    open of one environment in a process)."""
+    fault them in), then the values read with the engine (:func:`read_extents`). Used
+    by :func:`open_cursor` when this process already has the environment open in
+    py-lmdb (liblmdb refuses a second open of one environment in a process)."""
 
-    def __init__(self, path: str, counters: dict[str, Any]) -> None:
+    def __init__(self, path: str, counters: dict[str, Any], engine: ExtentReader) -> None:
         self.c = counters
         self.path = path
+        self.engine = engine
         self.loc = Locator(path, counters)
 
     def read(self, ids: np.ndarray, dest: np.ndarray) -> np.ndarray:
@@ -188,31 +190,24 @@ class PageCursor:
         u, offs, lens = self.loc.locate(ids)
         k = np.searchsorted(u, ids)
         offs, lens = offs[k], lens[k]
-        t0 = time.perf_counter()
-        pos = 0
-        for off, n in zip(offs.tolist(), lens.tolist(), strict=True):
-            dest[pos : pos + n] = np.frombuffer(_pread(self.loc.fd, n, off, self.path), np.uint8)
-            pos += n
-        c = self.c
-        c["io_s"] += time.perf_counter() - t0
-        c["read_bytes"] += pos
-        c["read_ops"] += len(ids)
-        c["records_read"] += len(ids)
-        c["payload_read_bytes"] += pos
+        read_extents(self.engine, offs, lens, dest, self.c)
         return lens
 
     def storage(self) -> tuple[int, int]:
-        """(bytes, ops) beyond the counters: none (reads are counted as they happen)."""
+        """(bytes, ops) beyond the counters: none (the engine counts its reads)."""
         return 0, 0
 
     def close(self) -> None:
         self.loc.close()
 
 
-def open_cursor(path: str, counters: dict[str, Any]) -> MmapCursor | PageCursor:
-    """A liblmdb cursor over mmap, or :class:`PageCursor` when liblmdb cannot open the
-    environment because this process already has it open (a user's ``lmdb.open`` before
-    the Loader): the same records, read with explicit reads; said once in the log."""
+def open_cursor(
+    path: str, counters: dict[str, Any], engine: Callable[[], ExtentReader]
+) -> MmapCursor | PageCursor:
+    """A liblmdb cursor over mmap, or :class:`PageCursor` (reading with ``engine()``)
+    when liblmdb cannot open the environment because this process already has it open
+    (a user's ``lmdb.open`` before the Loader): the same records, read with explicit
+    reads; said once in the log."""
     try:
         return MmapCursor(path, counters)
     except Exception as e:
@@ -226,7 +221,7 @@ def open_cursor(path: str, counters: dict[str, Any]) -> MmapCursor | PageCursor:
             "read it with feedline's own page reader instead of a second liblmdb map",
             path,
         )
-    return PageCursor(path, counters)
+    return PageCursor(path, counters, engine())
 
 
 _SAID_SHARED = False

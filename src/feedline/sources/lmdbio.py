@@ -163,7 +163,7 @@ class LmdbioSource(Source):
         if self.is_reader:
             method = "pread" if st.read == "mmap" else st.read
             if self.mode == "cursor" and self._cursor is None:
-                self._cursor = open_cursor(self._path, self.c)
+                self._cursor = open_cursor(self._path, self.c, lambda: self._engine_for("pread"))
             elif self.mode == "dm" and self._spec is None:
                 self._spec = Speculative(self._path, self._engine_for("pread"), self.c)
             elif self.mode in ("dio", "prov"):
