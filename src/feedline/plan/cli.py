@@ -18,16 +18,15 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
+from ..units import parse_bytes
 from .plan import make_plan
 from .strategy import PRESET_DOCS, PRESETS, get_strategy
 from .world import WorldSpec
 
 
-
 def _size(text: str) -> int:
-    from ..units import parse_bytes
-
     return parse_bytes(text, "--memory-cap")
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
