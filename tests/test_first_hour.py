@@ -26,7 +26,7 @@ from feedline import (
 )
 from feedline.formats.datum_write import encode_datum
 from feedline.inspect import inspect_dataset, render
-from feedline.sources.lmdbio import PRESETS as LMDBIO_PRESETS
+from feedline.plan.strategy import PRESETS
 from feedline.units import format_bytes, parse_bytes
 
 N = 40
@@ -190,10 +190,9 @@ def test_datum_lmdb_is_still_decoded(datum_lmdb):
 # --------------------------------------------------- 3. presets while py-lmdb has it open
 
 
-@pytest.mark.parametrize("preset", ["lmdb", "contiguous", "skip", "lmm", "lmm-dio", "feedline"])
+@pytest.mark.parametrize("preset", list(PRESETS))
 def test_presets_work_while_the_process_has_the_lmdb_open(raw_lmdb, preset):
     path, values = raw_lmdb
-    assert preset == "feedline" or preset in LMDBIO_PRESETS
     env = lmdb.open(path, readonly=True)  # the user inspects it first
     try:
         with env.begin() as txn:
