@@ -43,6 +43,7 @@ def _run(tmp_path, *extra: str) -> dict:
             "bench",
             "async",
             "--quick",
+            "--plots",
             "--path",
             str(tmp_path / "data"),
             "--keep-data",

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from feedline.bench import report
 from feedline.bench.digest import digest_of
 from feedline.bench.harness import mpiexec_command
 from feedline.bench.readers import generate
@@ -101,7 +102,7 @@ def test_harness_launches_ranks_on_emulated_nodes(tmp_path):
         assert min(r["stats"]["skew_s"]) == 0.0
     assert {r["digest"] for r in doc["runs"]} == {_expected([node0, node1])}
     assert doc["limit_MBps"] > 0
-    assert "| per-sample | 2 | 2 |" in p.stdout
+    assert f"| per-sample | {report.ROWS['per-sample']} | no | 2 | 2 |" in p.stdout
 
 
 def test_started_under_mpiexec(tmp_path):

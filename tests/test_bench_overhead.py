@@ -65,6 +65,7 @@ def test_overhead_quick(tmp_path):
             "bench",
             "overhead",
             "--quick",
+            "--plots",
             "--bytes",
             "1M",
             "--batch-size",

@@ -29,7 +29,9 @@ def test_orders_are_permutations_and_class_mix_orders_them():
 
 def test_shuffle_quick(tmp_path):
     out = tmp_path / "out"
-    rc = main(["bench", "shuffle", "--quick", "--path", str(tmp_path / "c"), "--out", str(out)])
+    rc = main(
+        ["bench", "shuffle", "--quick", "--plots", "--path", str(tmp_path / "c"), "--out", str(out)]
+    )
     assert rc == 0
     doc = json.loads((out / "shuffle.json").read_text())
     assert doc["samples"] == 400 and doc["test_samples"] == 40

@@ -147,6 +147,7 @@ def test_quick_demo_table_and_json(tmp_path):
         assert r["payload_bytes"] == runs[BASELINE]["payload_bytes"] > 0
         assert r["MBps"] == pytest.approx(r["payload_bytes"] / r["time_s"] / 1e6)
         assert r["ratio_to_baseline"] == pytest.approx(r["MBps"] / runs[BASELINE]["MBps"])
+        assert r["fraction_of_limit"] <= 1 + 1e-9  # never above the same run's limit
         if _emulator_usable():
             # every run started cold and read its data from the emulated servers
             assert sum(e["bytes"] for e in r["stats"]["emulator"] if e) > 0

@@ -17,7 +17,7 @@ def test_quick_smoke(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1")
     env.pop("FEEDLINE_NODES", None)
-    cmd = [sys.executable, "-m", "feedline", "bench", "lmdbio", "--quick", "--ranks", "4",
+    cmd = [sys.executable, "-m", "feedline", "bench", "lmdbio", "--quick", "--plots", "--ranks", "4",
            "--nodes", "2", "--out", str(out), "--json", str(tmp_path / "doc.json")]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

@@ -8,7 +8,9 @@ registers the parser and sets ``func``; modules are imported only when listed he
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 
 from .errors import FeedlineError
@@ -49,6 +51,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line. Under ``mpiexec``/``srun`` only rank 0 writes to stdout
+    (help, tables; progress bars are rank 0's already); errors go to every rank's
+    stderr. A closed pipe (``feedline inspect ... | head -1``) ends quietly."""
+    from .progress import process_rank
+
+    with contextlib.ExitStack() as stack:
+        if process_rank() != 0:
+            sink = stack.enter_context(open(os.devnull, "w"))
+            stack.enter_context(contextlib.redirect_stdout(sink))
+        try:
+            code = _run(argv)
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            # the reader went away: silence the interpreter's final flush too
+            with contextlib.suppress(OSError, ValueError):
+                fd = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(fd, sys.stdout.fileno())
+            return 141  # 128 + SIGPIPE, as a shell reports it
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

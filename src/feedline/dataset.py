@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 from typing import Any, Literal
 
@@ -19,10 +20,11 @@ import numpy as np
 from . import defaults
 from .errors import ConfigError, CorruptDataError, StaleDatasetError, StorageError
 from .formats import detect, get_format
-from .formats.base import Decoder, Format
+from .formats.base import Decoder, Format, RawDecoder
 from .index import Index, dataset_fingerprint, fingerprint, load_sidecar, write_sidecar
 
 OnStale = Literal["rebuild", "error"]
+log = logging.getLogger("feedline")
 
 
 def sidecar_candidates(root: str, files: list[str], key: str) -> list[str]:
@@ -40,6 +42,18 @@ def sidecar_candidates(root: str, files: list[str], key: str) -> list[str]:
     return [local, cached]
 
 
+_SAID: set[str] = set()
+
+
+def _say_once(root: str, note: str) -> None:
+    """Log *note* about the dataset at *root* once per process, on rank 0 only."""
+    from .progress import process_rank
+
+    if root not in _SAID and process_rank() == 0:
+        log.warning("feedline: %s: %s", root, note)
+    _SAID.add(root)
+
+
 class Dataset:
     """A dataset opened by :func:`open_dataset`.
 
@@ -51,6 +65,9 @@ class Dataset:
         Absolute paths of the dataset files.
     root : str
         Directory the file names are relative to (for sidecars shared by node views).
+    decode_note : str or None
+        Why records are delivered as raw bytes when the format's decoder does not apply
+        (e.g. an LMDB whose records are not Caffe ``Datum``); None otherwise.
     """
 
     def __init__(
@@ -61,7 +78,10 @@ class Dataset:
         sidecar: bool = True,
         on_stale: OnStale = "rebuild",
         progress: bool | None = None,
+        decode: bool | None = None,
     ) -> None:
+        if decode is not None and not isinstance(decode, bool):
+            raise ConfigError(f"decode must be True, False or None (detect), not {decode!r}")
         if on_stale not in ("rebuild", "error"):
             raise ConfigError(f"on_stale must be 'rebuild' or 'error', not {on_stale!r}")
         self._fmt = fmt
@@ -74,7 +94,9 @@ class Dataset:
         self.on_stale: OnStale = on_stale
         self.progress = bool(defaults.get("progress")) if progress is None else progress
         self._index: Index | None = None
-        self._decoder: Decoder | None = None
+        self._decode = decode
+        self._decoders: dict[bool, Decoder] = {}
+        self.decode_note: str | None = None
         self._unpacker: Any = None
         self._fds: dict[int, int] = {}
         self.sidecar_path: str | None = None
@@ -211,11 +233,30 @@ class Dataset:
         return self._unpacker.unpack(raw, lengths, ids)
 
     @property
+    def decodes(self) -> bool:
+        """Whether records are decoded: the ``decode=`` given to :func:`open_dataset`, or
+        detected from the first records (an LMDB whose records are not Caffe ``Datum``
+        gives raw bytes, said once in the ``feedline`` log and in ``feedline inspect``)."""
+        if self._decode is None:
+            note = self._fmt.detect_decode(self.index)
+            self._decode = note is None
+            if note is not None:
+                self.decode_note = note
+                _say_once(self.root, note)
+        return self._decode
+
+    def decoder_for(self, decode: bool) -> Decoder:
+        """The format's decoder (*decode* True) or the raw-bytes one, made once."""
+        dec = self._decoders.get(bool(decode))
+        if dec is None:
+            dec = self._fmt.make_decoder(self.index) if decode else RawDecoder(self.index)
+            self._decoders[bool(decode)] = dec
+        return dec
+
+    @property
     def decoder(self) -> Decoder:
-        """The format's decoder for this dataset."""
-        if self._decoder is None:
-            self._decoder = self._fmt.make_decoder(self.index)
-        return self._decoder
+        """The decoder for this dataset (see :attr:`decodes`)."""
+        return self.decoder_for(self.decodes)
 
     def decode(self, raw, lengths, ids, out=None):
         """Decode a batch of raw records; see :meth:`Decoder.decode`."""
@@ -250,6 +291,8 @@ class Dataset:
             info["unpacked_record_bytes"] = int(idx.packed.size.sum())
             info["compression_ratio"] = round(info["unpacked_record_bytes"] / max(1, stored), 3)
         info.update(self._fmt.describe(idx))
+        if not self.decodes:
+            info["decode"] = self.decode_note or "raw bytes (decode=False)"
         return info
 
     def close(self) -> None:
@@ -295,6 +338,7 @@ def open_dataset(
     sidecar: bool = True,
     on_stale: OnStale = "rebuild",
     progress: bool | None = None,
+    decode: bool | None = None,
     **options: Any,
 ) -> Dataset:
     """Open a dataset for feedline.
@@ -314,6 +358,10 @@ def open_dataset(
         Cache the index in a sidecar file (default True).
     on_stale : {"rebuild", "error"}
         What to do when a sidecar no longer matches the files.
+    decode : bool or None
+        Decode records with the format's decoder (True), deliver raw bytes (False), or
+        detect (None, default): an LMDB whose first records are not Caffe ``Datum``
+        (pickled, msgpack, JPEG bytes ...) is delivered as raw bytes.
     **options
         Format options: ``record_bytes``, ``label_bytes``, ``header_bytes`` (records),
         ``dataset``, ``labels`` (HDF5).
@@ -321,9 +369,51 @@ def open_dataset(
     Returns
     -------
     Dataset
+
+    Raises
+    ------
+    DatasetNotFoundError
+        A path that does not exist (also a ``FileNotFoundError``).
+    UnsupportedFormatError
+        The format cannot be told from the path (the message lists what was tried).
     """
     path_or_paths = _expand_node(path_or_paths, comm)
     name = format or detect(path_or_paths)
     cls = get_format(name)
     fmt = cls(path_or_paths, **options)
-    return Dataset(fmt, comm=comm, sidecar=sidecar, on_stale=on_stale, progress=progress)
+    return Dataset(
+        fmt, comm=comm, sidecar=sidecar, on_stale=on_stale, progress=progress, decode=decode
+    )
+
+
+#: open_dataset's own keyword options (format options are each format's ``options``)
+OPEN_OPTIONS = ("format", "sidecar", "on_stale", "progress", "decode")
+
+
+def as_dataset(data, comm: Any, options: dict[str, Any]) -> Dataset:
+    """*data* as a Dataset: an opened one as is, else ``open_dataset(data, ...)`` with the
+    options that belong to it (``format``, ``sidecar``, ``on_stale``, ``progress``,
+    ``decode`` and the format's own, e.g. ``dataset=``/``labels=`` for HDF5), which are
+    removed from *options* (the Loader's keyword arguments)."""
+    if isinstance(data, Dataset):
+        mine = sorted(k for k in options if k in OPEN_OPTIONS or k in type(data._fmt).options)
+        if mine:
+            raise ConfigError(
+                f"{mine} are open_dataset options: pass them to open_dataset(...), or give "
+                "the Loader a path instead of an opened Dataset"
+            )
+        return data
+    if not isinstance(data, str | os.PathLike | list | tuple):
+        raise ConfigError(
+            "the Loader reads a path (str or os.PathLike), a list of paths or a Dataset from "
+            f"feedline.open_dataset, not {type(data).__name__}"
+        )
+    if isinstance(data, list | tuple) and not all(isinstance(p, str | os.PathLike) for p in data):
+        raise ConfigError("a list of dataset files must hold paths (str or os.PathLike)")
+    name = options.get("format")
+    if name is None:
+        name = detect(_expand_node(data, comm))
+    fmt_options = set(get_format(name).options)
+    kw = {k: options.pop(k) for k in list(options) if k in OPEN_OPTIONS or k in fmt_options}
+    kw["format"] = name
+    return open_dataset(data, comm=comm, **kw)

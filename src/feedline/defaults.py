@@ -74,6 +74,10 @@ KNOBS: dict[str, _Knob] = {
 }
 
 
+#: knobs that are byte sizes: ``FEEDLINE_MEMORY_CAP=64MB``, ``64MiB``, ``2G``, ``2.5e9``
+_SIZES = ("memory_cap",)
+
+
 def get(name: str) -> Any:
     """Return the effective value of knob *name* (environment first, then default)."""
     try:
@@ -84,6 +88,10 @@ def get(name: str) -> Any:
     if raw is None or raw == "":
         return knob.default
     kind = type(knob.default)
+    if name in _SIZES:
+        from .units import parse_bytes
+
+        return parse_bytes(raw, f"FEEDLINE_{name.upper()}")
     try:
         if kind is int:
             return int(float(raw))

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .bench.report import CURSOR, ROWS, add_plot_arguments, shuffle_cell
 from .errors import ConfigError, FeedlineError
 
 #: the baseline every ratio refers to (Caffe/LMDB: every rank seeks with a cursor)
@@ -41,8 +42,6 @@ from .sources.lmdbio import PRESETS as _LMDBIO_PRESETS  # noqa: E402
 LADDER = tuple(p for p in _LMDBIO_PRESETS if p.startswith("lmm"))
 #: feedline's own choice
 FEEDLINE = "feedline"
-#: the liblmdb reference row (a bench peer, not a Loader preset)
-CURSOR = "liblmdb-cursor"
 
 DEFAULT_SAMPLES = 100_000
 QUICK_SAMPLES = 2_000
@@ -53,27 +52,6 @@ QUICK_SAMPLES = 2_000
 DEMO_STORAGE = {"latency_us": 1000.0, "readahead_kib": 128}
 DEFAULT_BATCH = 1024
 QUICK_BATCH = 256
-
-#: short "what it is" of each row, for the printed table
-ROWS = {
-    "lmdb": "every rank walks LMDB with its own cursor (Caffe)",
-    "lmm": "one reader per node walks LMDB, shares a node buffer",
-    "lmm-dm": "+ guesses pages ahead, prefetches them in parallel",
-    "lmm-dio": "+ one process walks, readers use plain reads",
-    "lmm-dio-prov": "+ knows where each record is: no walking",
-    "lmm-dio-prov-coal": "+ reads many future steps in one large read",
-    "lmm-dio-prov-coal-stag": "+ nodes take turns reading",
-    "feedline": "feedline: large random tiles, shuffled in memory",
-    "skip": "rank r reads records r, r+P, ... (MPI-Caffe)",
-    "contiguous": "each rank reads its own region (MPI-Caffe fix)",
-    "tf": "one read per sample, shuffled, no read-ahead",
-    "tf-pre": "one read per sample, shuffled, read ahead",
-    "async": "shuffled groups read by an I/O thread",
-    "async-db": "shuffled groups, I/O thread, double buffer",
-    "deepio-ordered": "whole dataset in the job's memory, shuffled",
-    "deepio-opportunistic": "in memory, serves what is at hand first",
-    CURSOR: "reference: one liblmdb cursor per rank, no Loader",
-}
 
 
 def cache_root() -> str:
@@ -248,14 +226,6 @@ def _num(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _shuffle_cell(r: dict[str, Any]) -> str:
-    """'no' for file order, else 'yes' with DeepIO's randomization level."""
-    rl = r.get("rl")
-    if rl is None or rl != rl:
-        return "no" if r["name"] in (BASELINE, CURSOR) or r["name"].startswith("lmm") else "-"
-    return "no" if rl < 0.05 else f"yes, RL {rl:.2f}"
-
-
 def summary_table(doc: dict[str, Any]) -> str:
     """The demo's one table: time, bandwidth, fraction of the limit, ratio to the
     baseline, which executor ran it, and whether it delivered the baseline's stream."""
@@ -305,7 +275,7 @@ def summary_table(doc: dict[str, Any]) -> str:
                 _num(r["MBps"], ".0f"),
                 "-" if frac is None else f"{100 * frac:.0f}%",
                 "-" if r["ratio_to_baseline"] is None else f"{r['ratio_to_baseline']:.2f}x",
-                _shuffle_cell(r),
+                shuffle_cell(r),
                 same,
             ]
         )
@@ -333,6 +303,7 @@ def _limit_line(doc: dict[str, Any]) -> str:
         f"physical limit: {doc['limit_MBps']:.0f} MB/s = every rank reading its share "
         f"of the files with sequential {block >> 20} MiB {lim.get('method') or 'odirect'} "
         "reads through the same path (what IOR/fio report)"
+        + (f"\nnote: {lim['note']}" if lim.get("note") else "")
     )
 
 
@@ -570,7 +541,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="write the JSON document here instead of DIR/demo.json",
     )
-    p.add_argument("--no-plots", action="store_true", help="no PNG plots")
+    add_plot_arguments(p)
     p.set_defaults(func=run)
 
 

@@ -92,12 +92,40 @@ class StateError(FeedlineError, ValueError):
     """A loader state that belongs to another dataset/configuration, or is damaged."""
 
 
+class StateMismatchError(StateError):
+    """A valid loader state taken with another dataset, seed or preset.
+
+    ``Loader.load_state_dict(state, strict=False)`` accepts it anyway (the state's seed
+    is adopted); other differences (batch size, sample order) cannot be resumed.
+    """
+
+
+class DatasetNotFoundError(FeedlineError, FileNotFoundError):
+    """A dataset path that does not exist (a typo, an unmounted file system)."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str = "no such file or directory"):
+        self.path = os.fspath(path)
+        self.reason = reason
+        FeedlineError.__init__(self, f"{self.path}: {reason}")
+        self.errno = _errno.ENOENT
+        self.strerror = reason
+        self.filename = self.path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason))
+
+
 __all__ = [
     "ConfigError",
     "CorruptDataError",
+    "DatasetNotFoundError",
     "FeedlineError",
     "StaleDatasetError",
     "StateError",
+    "StateMismatchError",
     "StorageError",
     "UnsupportedFormatError",
 ]

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from .dataset import Dataset, open_dataset
-from .errors import ConfigError
+from .errors import ConfigError, FeedlineError
 from .generate import read_manifest
 
 # option name -> (flag, type, help): the open_dataset options both commands accept
@@ -115,6 +115,8 @@ def open_from_args(
     try:
         ds = open_dataset(path, format=fmt, sidecar=sidecar, **options)
     except FileNotFoundError as e:  # a user's typo, not a crash: report it like other errors
+        if isinstance(e, FeedlineError):
+            raise
         raise ConfigError(str(e.args[0] if e.args else e)) from None
     return ds, manifest
 
@@ -178,14 +180,14 @@ def inspect_dataset(ds: Dataset, manifest: dict | None = None) -> dict[str, Any]
 
 _GENERAL = {"format", "files", "samples", "file_bytes", "payload_bytes", "record_bytes_min",
             "record_bytes_max", "record_bytes_mean", "payload_fraction", "paths", "root",
-            "index_seconds", "sidecar", "made_by"}  # fmt: skip
+            "index_seconds", "sidecar", "made_by", "decode"}  # fmt: skip
 
 
 def render(info: dict[str, Any]) -> str:
     """The human-readable report."""
     out = []
     n_files = info["files"]
-    out.append(f"{info['root']}")
+    out.append(_title(info))
     out.append(f"  format     {info['format']}, {n_files} file(s), {_human(info['file_bytes'])}")
     out.append(f"  samples    {info['samples']:,}")
     if "record_bytes_min" in info:
@@ -196,6 +198,8 @@ def render(info: dict[str, Any]) -> str:
         f"  payload    {_human(info['payload_bytes'])} = {100 * info['payload_fraction']:.1f}% of "
         f"the file bytes (the rest is headers, tree pages, framing, padding)"
     )
+    if info.get("decode"):
+        out.append(f"  decode     {info['decode']}")
     made = info.get("made_by")
     if made:
         sort_key = "class" if "classes" in (made.get("options") or {}) else "target 0"
@@ -232,6 +236,19 @@ def render(info: dict[str, Any]) -> str:
         + (f"(sidecar {side})" if side else "(no sidecar)")
     )
     return "\n".join(out)
+
+
+def _title(info: dict[str, Any]) -> str:
+    """What was inspected: the LMDB directory, the one file (with the HDF5 dataset
+    inside it), or the directory of the files."""
+    where = info["root"]
+    if info["format"] != "lmdb" and info["files"] == 1 and info.get("paths"):
+        where = info["paths"][0]["path"]
+    inner = info.get("dataset") if info["format"] == "hdf5" else None
+    if inner:
+        each = "" if info["files"] == 1 else " in each file"
+        where += f"  (HDF5 dataset /{str(inner).lstrip('/')}{each})"
+    return where
 
 
 def run_inspect(args: argparse.Namespace) -> int:

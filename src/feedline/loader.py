@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import numbers
 import os
 import resource
 import sys
@@ -28,12 +29,13 @@ from typing import Any
 import numpy as np
 
 from . import defaults
-from .errors import ConfigError, StateError
+from .errors import ConfigError, StateError, StateMismatchError
 from .pipeline import state as _state
 from .pipeline.options import PipelineOptions, default_buffer, pipeline_options
 from .pipeline.runner import EpochRun, inline_run
 from .pipeline.source import SOURCES, RawBatch, Source, SourceContext, source_name_for
 from .pipeline.world import LoaderWorld, resolve_world
+from .units import format_bytes
 
 _LIVE: weakref.WeakSet[Loader] = weakref.WeakSet()
 
@@ -70,17 +72,55 @@ class Batch:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @property
+    def ragged(self) -> bool:
+        """True when :attr:`data` is variable-length raw records, concatenated (flat
+        uint8 cut by :attr:`lengths`); see :meth:`samples` and :meth:`padded`."""
+        d = self.data
+        return (
+            isinstance(d, np.ndarray)
+            and d.ndim == 1
+            and d.dtype == np.uint8
+            and len(self.ids) != d.shape[0]
+            and d.shape[0] == int(np.sum(self.lengths))
+        ) or (isinstance(d, np.ndarray) and d.ndim == 1 and len(self.ids) == 0)
+
+    def samples(self) -> list[np.ndarray]:
+        """Each sample's record as its own uint8 array (views of :attr:`data`)."""
+        if not self.ragged:
+            return list(self.data)
+        ends = np.cumsum(self.lengths)
+        return [
+            self.data[e - n : e] for e, n in zip(ends.tolist(), self.lengths.tolist(), strict=True)
+        ]
+
+    def padded(self, pad_to: int | None = None, fill: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``(b, L)`` uint8 records padded with *fill* to *pad_to* (default: the longest
+        of the batch), and the lengths. ConfigError when a record is longer."""
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        width = int(lengths.max(initial=0)) if pad_to is None else int(pad_to)
+        if len(lengths) and int(lengths.max()) > width:
+            raise ConfigError(f"a record of {int(lengths.max())} bytes exceeds pad_to={width}")
+        out = np.full((len(lengths), width), fill, dtype=np.uint8)
+        for k, rec in enumerate(self.samples()):
+            out[k, : len(rec)] = rec
+        return out, lengths
+
 
 class Loader:
     """Feeds this rank its share of every global batch, epoch after epoch.
 
     Parameters
     ----------
-    dataset : Dataset
-        From :func:`feedline.open_dataset`.
+    data : str, os.PathLike, list of paths, or Dataset
+        A dataset path (LMDB directory, HDF5/TFRecord/npy file, directory or glob), a
+        list of files, or a Dataset from :func:`feedline.open_dataset`. With a path, the
+        options of ``open_dataset`` (``format``, ``sidecar``, ``on_stale``, and the
+        format's own: ``dataset=``/``labels=`` for HDF5, ``record_bytes=`` ...) go to
+        it.
     batch_size : int
-        The *global* batch B; each of the P ranks gets a sub-batch of B/P (sizes differ by
-        at most one, lower ranks take the extra).
+        The *global* batch B, a positive int; each of the P ranks gets a sub-batch of
+        B/P (sizes differ by at most one, lower ranks take the extra).
     preset : str
         A strategy preset (``feedline``, ``tf``, ``tf-pre``, ``async``, ``async-db``, and
         those added by other sources); see ``docs/loader.md``.
@@ -91,14 +131,17 @@ class Loader:
         Defaults to ``MPI.COMM_WORLD`` when launched by ``mpiexec``/``srun``, else one
         process. (Internal: a :class:`~feedline.pipeline.world.LoaderWorld`.)
     drop_last : bool
-        Drop the last partial global batch.
-    decode : bool
-        Decode records with the format's decoder (default), or deliver raw bytes.
+        Drop the last partial global batch (ConfigError when that leaves no step).
+    decode : bool or None
+        Decode records with the format's decoder (True), deliver raw bytes (False), or
+        the dataset's choice (None, default: ``open_dataset(decode=)``, else detected;
+        an LMDB whose records are not Caffe ``Datum`` gives raw bytes).
     transform : callable, optional
         ``transform(batch) -> batch``, run in the loader's worker threads after decoding.
     memory_cap : int or str, optional
-        Bytes per node for buffers, read-ahead and index (default
-        ``FEEDLINE_MEMORY_CAP``: min(2.5 GB, RAM/4), divided among emulated nodes).
+        Bytes per node for buffers, read-ahead and index: an int, or a size with a unit
+        (``"64MB"``, ``"64MiB"``, ``"2G"``, ``"2.5e9"``); default ``FEEDLINE_MEMORY_CAP``
+        (same units): min(2.5 GB, RAM/4), divided among emulated nodes.
     **options
         :class:`~feedline.pipeline.options.PipelineOptions` (``shuffle``,
         ``prefetch_depth``, ``workers``, ``io_threads``, ``sample_threads``, ``buffer``,
@@ -108,44 +151,58 @@ class Loader:
     Raises
     ------
     ConfigError
-        Unknown option or preset, or a configuration that cannot fit the memory cap.
+        Unknown option or preset, a batch size that is not a positive int, or a
+        configuration that cannot fit the memory cap.
+    DatasetNotFoundError, UnsupportedFormatError
+        A path that does not exist, or whose format cannot be told.
     """
 
     def __init__(
         self,
-        dataset,
+        data,
         batch_size: int,
         preset: str = "feedline",
         seed: int = 0,
         comm: Any = None,
         drop_last: bool = False,
-        decode: bool = True,
+        decode: bool | None = None,
         transform=None,
         memory_cap: int | str | None = None,
         **options: Any,
     ) -> None:
+        from .dataset import as_dataset
         from .plan.strategy import Strategy, get_strategy
 
-        if int(batch_size) < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        if int(seed) < 0:
-            raise ConfigError(f"seed must be >= 0, got {seed}")
+        batch_size = _positive_int(batch_size, "batch_size")
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or int(seed) < 0:
+            raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
         if transform is not None and not callable(transform):
             raise ConfigError("transform must be callable: transform(batch) -> batch")
-        self.dataset = dataset
-        self.batch_size = int(batch_size)
+        if decode is not None and not isinstance(decode, bool):
+            raise ConfigError(f"decode must be True, False or None, not {decode!r}")
+        self.batch_size = batch_size
         self.preset = preset if isinstance(preset, str) else "custom"
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
-        self.decode = bool(decode)
         self.transform = transform
         explicit_source = options.pop("source", None)
         profile = options.pop("profile", None)
+        nodes = pipeline_options({"nodes": options["nodes"]} if "nodes" in options else {})[0]
+        self.world: LoaderWorld = resolve_world(comm, nodes.nodes)
+        # a path is opened here with the options that belong to open_dataset
+        dataset = as_dataset(data, self.world.comm, options)
         opts, knobs = pipeline_options(options)
         self.options: PipelineOptions = opts
-        self.world: LoaderWorld = resolve_world(comm, opts.nodes)
+        self.dataset = dataset
         self._index = dataset.index
         self.n = len(self._index)
+        self.decode = dataset.decodes if decode is None else decode
+        self._decoder = dataset.decoder_for(True) if self.decode else None
+        if self.drop_last and self.n and self.n < self.batch_size:
+            raise ConfigError(
+                f"drop_last=True with a global batch of {self.batch_size} and {self.n} "
+                "samples leaves no step: lower batch_size or pass drop_last=False"
+            )
         self._source_name = source_name_for(self.preset, explicit_source)
         if self._source_name == "node" and self.world.dist is None:
             raise ConfigError("source='node' needs an MPI world (launch with mpiexec)")
@@ -281,7 +338,7 @@ class Loader:
         return "odirect" if total > int(defaults.get("direct_above")) else "pread-random"
 
     def _resolve_cap(self, memory_cap) -> int:
-        from .pipeline.options import parse_bytes
+        from .units import parse_bytes
 
         if memory_cap is None:
             cap = int(defaults.get("memory_cap"))
@@ -354,10 +411,10 @@ class Loader:
         if est["total"] > self.memory_cap:
             raise ConfigError(
                 f"preset {self.preset!r} with global batch {self.batch_size} on "
-                f"{self.world.size} rank(s) needs about {est['total'] / 1e6:.1f} MB per node "
-                f"(source buffers {est['source'] / 1e6:.1f} MB, read-ahead batches "
-                f"{est['batches'] / 1e6:.1f} MB, index {est['index'] / 1e6:.1f} MB), over the "
-                f"memory cap of {self.memory_cap / 1e6:.1f} MB. Lower batch_size, "
+                f"{self.world.size} rank(s) needs about {format_bytes(est['total'])} per node "
+                f"(source buffers {format_bytes(est['source'])}, read-ahead batches "
+                f"{format_bytes(est['batches'])}, index {format_bytes(est['index'])}), over the "
+                f"memory cap of {format_bytes(self.memory_cap)}. Lower batch_size, "
                 f"prefetch_depth or buffer=, or raise memory_cap= (FEEDLINE_MEMORY_CAP)."
                 + (
                     " The in-memory store holds R of the dataset (2R when R < 1): lower "
@@ -453,8 +510,8 @@ class Loader:
         ids, lengths, records = raw.ids, raw.lengths, raw.data
         if self._index.packed is not None:  # compressed: unpack spans into records
             records, lengths = self.dataset.unpack(records, lengths, ids)
-        if self.decode:
-            data, labels = self.dataset.decode(records, lengths, ids)
+        if self._decoder is not None:
+            data, labels = self._decoder.decode(records, lengths, np.asarray(ids, np.int64))
         else:
             data = records
             fixed = self._index.fixed_length
@@ -503,15 +560,38 @@ class Loader:
             }
         )
 
-    def load_state_dict(self, state: dict[str, Any] | str) -> None:
+    def load_state_dict(self, state: dict[str, Any] | str, strict: bool = True) -> None:
         """Continue where *state* left off (any world size; see ``docs/loader.md``).
+
+        Parameters
+        ----------
+        state : dict or str
+            From :meth:`state_dict` (or its JSON).
+        strict : bool
+            Refuse a state taken with another dataset, seed or preset (default). With
+            False such a state is accepted (its seed is adopted) as long as the epoch
+            can be resumed: same sample count, batch size, drop_last and sample order.
 
         Raises
         ------
+        StateMismatchError
+            (strict) The state belongs to another dataset, seed or preset.
         StateError
-            The state is damaged, or belongs to another dataset, batch size or order.
+            The state is damaged, or was taken with another batch size or sample order.
         """
         body = _state.open_state(state)
+        if strict:
+            theirs_what = [
+                f"{k}={body[k]!r} (this loader: {mine!r})"
+                for k, mine in (("seed", self.seed), ("preset", self.preset))
+                if body[k] != mine
+            ]
+            if theirs_what:
+                raise StateMismatchError(
+                    "loader state was taken with " + ", ".join(theirs_what) + ": resuming "
+                    "would give another sample order; build the Loader with the state's "
+                    "settings, or pass strict=False to adopt them"
+                )
         theirs = None
         if self.choice is not None and body.get("preset") == self.preset:
             # the feedline preset: the cost model may have chosen otherwise for the world
@@ -524,7 +604,7 @@ class Loader:
                 raise StateError(f"loader state has an invalid strategy: {e}") from None
         _state.check_compatible(
             body,
-            fingerprint=self.fingerprint,
+            fingerprint=self.fingerprint if strict else body["dataset"],
             n=self.n,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
@@ -640,6 +720,13 @@ class Loader:
     def options_summary(self) -> dict[str, Any]:
         """Effective options and strategy knobs (for logs and the bench)."""
         return {"pipeline": dataclasses.asdict(self.options), "strategy": self.strategy.to_dict()}
+
+
+def _positive_int(value: Any, what: str) -> int:
+    """*value* as an int >= 1; ConfigError for 0, negatives, 1.5, "8", True."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ConfigError(f"{what} must be a positive int, got {value!r}")
+    return int(value)
 
 
 #: knobs the cost model sets for the feedline preset (a user's value wins)

@@ -5,7 +5,12 @@ among the ranks, so the adapter is thin: :class:`FeedlineDataset` yields whole
 sub-batches as tensors (``torch.from_numpy``, no copy; pinned in the loader's worker
 threads when asked and a GPU exists). Use it directly, or in ``DataLoader(ds,
 batch_size=None, num_workers=0)``; worker processes would each re-read the data, so
-``num_workers > 0`` is refused with a message.
+``num_workers > 0`` is refused with a message, and a DataLoader that batches again
+(its default ``batch_size=1``) gets a warning: it would add a dimension of 1.
+
+Variable-length raw records (``decode=False``, or an LMDB of pickled/JPEG values) are
+not one tensor: ``ragged="list"`` (default) gives a list of per-sample uint8 tensors,
+``ragged="pad"`` a ``(b, L)`` uint8 tensor padded with zeros plus the lengths.
 
 Launchers (DESIGN.md): under ``mpiexec``/``srun`` the world comes from MPI. Under
 ``torchrun`` without MPI it is built from the torch.distributed environment (``RANK``,
@@ -17,12 +22,15 @@ reading everything.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.fetch import _BaseDatasetFetcher
 
 from .errors import ConfigError
 from .loader import Batch, Loader
@@ -75,7 +83,9 @@ class FeedlineDataset(IterableDataset):
     """A feedline :class:`~feedline.Loader` as a PyTorch ``IterableDataset``.
 
     Each item is one step's sub-batch of this rank: ``(data, labels)`` tensors (labels
-    may be None), or ``(data, labels, ids)`` with ``with_ids=True``.
+    may be None), then ``lengths`` when ``ragged="pad"``, then ``ids`` with
+    ``with_ids=True``; or, with ``as_dict=True``, a dict with keys ``data``,
+    ``labels``, ``lengths`` and ``ids``.
 
     Parameters
     ----------
@@ -87,6 +97,15 @@ class FeedlineDataset(IterableDataset):
         this warns once and does nothing.
     with_ids : bool
         Also yield the global sample ids.
+    ragged : {"list", "pad"}
+        Variable-length raw records as a list of per-sample uint8 tensors (``"list"``,
+        default), or as one ``(b, L)`` uint8 tensor padded with zeros to the longest
+        record (``"pad"``; *pad_to* fixes L) followed by the int64 lengths.
+    pad_to : int, optional
+        Width of the padded tensor (``ragged="pad"``); default: the longest record of
+        the batch.
+    as_dict : bool
+        Yield dicts (``data``, ``labels``, ``lengths``, ``ids``) instead of tuples.
     transform : callable, optional
         Applied to the numpy :class:`~feedline.Batch` before conversion, in the loader's
         worker threads.
@@ -104,12 +123,20 @@ class FeedlineDataset(IterableDataset):
         *,
         pin_memory: bool = False,
         with_ids: bool = False,
+        ragged: str = "list",
+        pad_to: int | None = None,
+        as_dict: bool = False,
         transform: Callable[[Batch], Batch] | None = None,
         comm: Any = None,
         **loader_options: Any,
     ) -> None:
         super().__init__()
+        if ragged not in ("list", "pad"):
+            raise ConfigError(f"ragged must be 'list' or 'pad', not {ragged!r}")
         self.with_ids = with_ids
+        self.ragged = ragged
+        self.pad_to = pad_to
+        self.as_dict = bool(as_dict)
         self._user_transform = transform
         self._pin = bool(pin_memory) and torch.cuda.is_available()
         if pin_memory and not self._pin:
@@ -130,16 +157,31 @@ class FeedlineDataset(IterableDataset):
     def _convert(self, batch: Batch):
         if self._user_transform is not None:
             batch = self._user_transform(batch)
-        data = _tensor(batch.data, self._pin)
+        lengths = torch.from_numpy(np.asarray(batch.lengths, dtype=np.int64))
+        if isinstance(batch, Batch) and batch.ragged:
+            if self.ragged == "pad":
+                padded, _ = batch.padded(self.pad_to)
+                data: Any = _tensor(padded, self._pin)
+            else:
+                data = [_tensor(s.copy(), self._pin) for s in batch.samples()]
+        else:
+            data = _tensor(batch.data, self._pin)
         labels = None if batch.labels is None else _tensor(batch.labels, self._pin)
         ids = torch.from_numpy(batch.ids)
-        return _TorchBatch(data, labels, ids, batch)
+        return _TorchBatch(data, labels, ids, batch, lengths)
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[Any]:
         if get_worker_info() is not None:  # forked DataLoader worker
             raise ConfigError(_NO_WORKERS)
+        _warn_if_batched_again()
         for tb in self.loader:
-            yield (tb.data, tb.labels, tb.ids) if self.with_ids else (tb.data, tb.labels)
+            if self.as_dict:
+                yield {"data": tb.data, "labels": tb.labels, "lengths": tb.lengths, "ids": tb.ids}
+                continue
+            item: tuple = (tb.data, tb.labels)
+            if self.ragged == "pad":
+                item += (tb.lengths,)
+            yield (*item, tb.ids) if self.with_ids else item
 
     def __getstate__(self):  # spawned DataLoader workers pickle the dataset
         raise ConfigError(_NO_WORKERS)
@@ -156,9 +198,9 @@ class FeedlineDataset(IterableDataset):
         """See :meth:`feedline.Loader.state_dict` (identical on every rank)."""
         return self.loader.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """See :meth:`feedline.Loader.load_state_dict`."""
-        self.loader.load_state_dict(state)
+        self.loader.load_state_dict(state, strict=strict)
 
     def stats(self) -> dict[str, Any]:
         """See :meth:`feedline.Loader.stats`."""
@@ -182,14 +224,37 @@ _NO_WORKERS = (
 )
 
 
+def _warn_if_batched_again() -> None:
+    """Warn when a torch DataLoader with ``batch_size`` not None iterates this dataset:
+    it would collate feedline's sub-batches again (a leading dimension of 1 with the
+    default ``batch_size=1``). Found from the DataLoader's fetcher up the stack."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, _BaseDatasetFetcher):
+            if owner.auto_collation:
+                warnings.warn(
+                    "feedline.torch.FeedlineDataset already yields whole sub-batches; this "
+                    "DataLoader batches them again (adding a dimension): use "
+                    "DataLoader(ds, batch_size=None) or iterate the dataset directly",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return
+        frame = frame.f_back
+
+
 class _TorchBatch:
-    """Tensors of one sub-batch, carrying what the Loader counts (ids, lengths)."""
+    """Tensors of one sub-batch, carrying what the Loader counts (ids, lengths, nbytes)."""
 
-    __slots__ = ("batch", "data", "ids", "labels", "lengths")
+    __slots__ = ("batch", "data", "ids", "labels", "lengths", "nbytes")
 
-    def __init__(self, data, labels, ids, batch: Batch) -> None:
+    def __init__(self, data, labels, ids, batch: Batch, lengths) -> None:
         self.data, self.labels, self.ids, self.batch = data, labels, ids, batch
-        self.lengths = batch.lengths
+        self.lengths = lengths
+        self.nbytes = int(np.asarray(batch.lengths).sum())
 
 
 def _tensor(x, pin: bool) -> torch.Tensor:
@@ -198,7 +263,5 @@ def _tensor(x, pin: bool) -> torch.Tensor:
 
 
 def _writable(a):
-    import numpy as np
-
     a = np.asarray(a)
     return a if a.flags.writeable else a.copy()  # torch warns on read-only buffers

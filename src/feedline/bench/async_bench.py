@@ -745,17 +745,21 @@ def markdown(result: dict[str, Any]) -> str:
             else "Seconds of one epoch from cold cache.\n"
         )
         parts.append(
-            "| I/O strategy | exposed I/O s | 1st wait, epoch 1 | 1st wait, later | stalls s "
+            "| I/O strategy | what it is | shuffles? | exposed I/O s | 1st wait, epoch 1 | 1st wait, later | stalls s "
             "| median wait ms | compute s asked (actual) | start-up s | other s | epoch s "
             "| exposed % | read ops | MB/s | RL | digest |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         )
         for r in e["rows"]:
             if r["error"]:
-                parts.append(f"| {r['name']} | error: {r['error']} |||||||")
+                parts.append(
+                    f"| {r['name']} | {report.describe_run(r['name'])} | "
+                    f"{report.shuffle_cell(r)} | error: {r['error']} |||||||"
+                )
                 continue
             parts.append(
-                f"| {r['name']} | {_f(r['exposed_io_s'])} | {_f(r['first_wait_s'])} | "
+                f"| {r['name']} | {report.describe_run(r['name'])} | {report.shuffle_cell(r)} "
+                f"| {_f(r['exposed_io_s'])} | {_f(r['first_wait_s'])} | "
                 f"{_f(r.get('later_first_wait_s'))} | {_f(r['stall_s'])} | "
                 f"{_f(r['median_wait_ms'])} | "
                 f"{_f(r['compute_s'])} ({_f(r['compute_actual_s'])}) | {_f(r['startup_s'])} | "

@@ -128,7 +128,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None =
     )
     g.add_argument("--no-limit", action="store_true", help="do not measure the physical limit")
     g.add_argument("--no-digest", action="store_true", help="do not keep and hash deliveries")
-    g.add_argument("--no-plots", action="store_true", help="no PNG plots")
+    report.add_plot_arguments(g)
     g.add_argument(
         "--no-warmup", action="store_true", help="no untimed warm-up step before the runs"
     )

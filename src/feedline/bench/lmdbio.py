@@ -110,6 +110,8 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "preset": r["name"],
+                "what": report.describe_run(r["name"]),
+                "shuffles": report.shuffle_cell(r),
                 "time_s": r["time_s"],
                 "MBps": r["MBps"],
                 "ratio_to_lmdb": r["ratio_to_baseline"],
@@ -147,15 +149,17 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         return "-" if x is None else format(x, spec)
 
     lim = doc.get("limit_MBps")
+    note = (doc.get("limit") or {}).get("note")
     cfg = doc.get("config") or {}
     served = any(r["served_bytes"] is not None for r in rows)
     out = [
         f"### lmdbio: {cfg.get('ranks')} ranks, {cfg.get('nodes')} nodes, batch "
-        f"{cfg.get('batch_size')}, physical limit {f(lim, '.0f')} MB/s\n",
-        "| preset | time s | MB/s | vs lmdb | of limit | readers | seek s | I/O s | skew s "
+        f"{cfg.get('batch_size')}, physical limit {f(lim, '.0f')} MB/s\n"
+        + (f"\nnote: {note}\n" if note else ""),
+        "| preset | what it is | shuffles? | time s | MB/s | vs lmdb | of limit | readers | seek s | I/O s | skew s "
         "| storage MB | ops | redundant MB | spec. extra MB | ctx switches | peak RSS MiB |"
         + (" served MB | served requests |" if served else ""),
-        "|" + "---|" * (17 if served else 15),
+        "|" + "---|" * (19 if served else 17),
     ]
     for r in rows:
         frac = r["fraction_of_limit"]
@@ -164,6 +168,8 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             + " | ".join(
                 [
                     r["preset"],
+                    r["what"],
+                    r["shuffles"],
                     f(r["time_s"], ".2f") if not r["error"] else f"error: {r['error']}",
                     f(r["MBps"], ".0f"),
                     f(r["ratio_to_lmdb"], ".2f"),

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat")
     parser.add_argument("--json", metavar="PATH", help="write the result document here")
     parser.add_argument("--out", default="bench-out", metavar="DIR", help="table, JSON, plot")
-    parser.add_argument("--no-plots", action="store_true")
+    report.add_plot_arguments(parser)
 
 
 # ----------------------------------------------------------------------- pinning
@@ -314,16 +314,18 @@ def markdown(doc: dict[str, Any]) -> str:
     for s in doc["sizes"]:
         out.append(
             f"### {s['sample_bytes']:,} B samples x {s['samples']:,} "
-            f"(ratio to {s['baseline']})\n\n| run | samples/s | MB/s | CPU us/sample | "
-            "vs DataLoader |\n|---|---|---|---|---|"
+            f"(ratio to {s['baseline']})\n\n| run | what it is | samples/s | MB/s | "
+            "CPU us/sample | vs DataLoader |\n|---|---|---|---|---|---|"
         )
         for r in s["rows"]:
             if r["error"]:
-                out.append(f"| {r['name']} | error: {r['error']} ||||")
+                out.append(
+                    f"| {r['name']} | {report.describe_run(r['name'])} | error: {r['error']} ||||"
+                )
                 continue
             ratio = r["ratio_to_torch"]
             out.append(
-                f"| {r['name']} | {r['samples_per_s']:,.0f} | {r['MBps']:.0f} | "
+                f"| {r['name']} | {report.describe_run(r['name'])} | {r['samples_per_s']:,.0f} | {r['MBps']:.0f} | "
                 f"{r['cpu_us_per_sample']:.1f} | {'-' if ratio is None else f'{ratio:.2f}x'} |"
             )
         out.append("")

@@ -11,6 +11,7 @@ it, so a scenario gets exactly the figures its runs can fill.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -20,6 +21,82 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
+
+#: the reference row of the LMDB benchmarks: one liblmdb cursor per rank, no Loader
+CURSOR = "liblmdb-cursor"
+
+#: short "what it is" of each run, in plain words, for every printed table
+ROWS = {
+    "lmdb": "every rank walks LMDB with its own cursor (Caffe)",
+    "lmm": "one reader per node walks LMDB, shares a node buffer",
+    "lmm-dm": "+ guesses pages ahead, prefetches them in parallel",
+    "lmm-dio": "+ one process walks, readers use plain reads",
+    "lmm-dio-prov": "+ knows where each record is: no walking",
+    "lmm-dio-prov-coal": "+ reads many future steps in one large read",
+    "lmm-dio-prov-coal-stag": "+ nodes take turns reading",
+    "feedline": "feedline: large random tiles, shuffled in memory",
+    "skip": "rank r reads records r, r+P, ... (MPI-Caffe)",
+    "contiguous": "each rank reads its own region (MPI-Caffe fix)",
+    "tf": "one read per sample, shuffled, no read-ahead",
+    "tf-pre": "one read per sample, shuffled, read ahead",
+    "async": "shuffled groups read by an I/O thread",
+    "async-db": "shuffled groups, I/O thread, double buffer",
+    "deepio-ordered": "whole dataset in the job's memory, shuffled",
+    "deepio-opportunistic": "in memory, serves what is at hand first",
+    CURSOR: "reference: one liblmdb cursor per rank, no Loader",
+    "global": "uniform shuffle of the whole dataset (one read per sample)",
+    "chunk": "shuffled groups of B consecutive samples (async-I/O paper)",
+    "memory": "shuffle within R of the dataset held in memory (DeepIO)",
+    "none": "file order, no shuffle",
+    "torch-pread": "PyTorch DataLoader, one pread per sample",
+    "torch-h5py": "PyTorch DataLoader reading each sample with h5py",
+    "torch-w": "PyTorch DataLoader + h5py with w worker processes",
+    "mmap": "sequential reads through mmap, in blocks of this size",
+    "pread": "sequential pread, in blocks of this size",
+    "per-sample": "one pread per sample, in file order",
+}
+#: runs that deliver the file's order (no shuffle) whatever their RL says
+_FILE_ORDER = ("lmdb", "skip", "contiguous", CURSOR)
+
+
+def describe_run(name: str) -> str:
+    """The plain-words description of run *name* (``"tf-pre B=64"`` -> that of
+    ``tf-pre``), or ``"-"``."""
+    for cand in (
+        name,
+        name.split(" ", 1)[0],
+        name.rsplit(":", 1)[-1],  # loader:tf, loader-timed:async
+        name.rstrip("0123456789"),  # torch-w4
+        name.rsplit("-", 1)[0],  # mmap-8M
+    ):
+        if cand in ROWS:
+            return ROWS[cand]
+    return "-"
+
+
+def shuffle_cell(r: dict[str, Any]) -> str:
+    """The "shuffles?" cell: 'no' for file order, else 'yes' with DeepIO's
+    randomization level (RL, 0 = file order, 1 = uniform shuffle)."""
+    rl = r.get("rl")
+    name = str(r.get("name", ""))
+    if rl is None or rl != rl:
+        base = name.split(" ", 1)[0]
+        return "no" if base in _FILE_ORDER or base.startswith("lmm") else "-"
+    return "no" if rl < 0.05 else f"yes, RL {rl:.2f}"
+
+
+def add_plot_arguments(group: Any) -> None:
+    """``--plots`` (PNG plots, needs matplotlib: only then is it imported); plots are
+    off by default. ``--no-plots`` is still accepted. Sets ``args.no_plots``."""
+    group.add_argument(
+        "--plots",
+        dest="no_plots",
+        action="store_false",
+        help="also write PNG plots (needs matplotlib: pip install 'feedline[plots]')",
+    )
+    group.add_argument("--no-plots", dest="no_plots", action="store_true", help=argparse.SUPPRESS)
+    group.set_defaults(no_plots=True)
+
 
 #: per-rank figures kept in ``run["stats"]`` (lists indexed by rank)
 RANK_STATS = (
@@ -182,6 +259,19 @@ def build_document(
     """
     lim = _limit_summary(limits, cfg)
     runs = [_run_summary(spec, samples[spec["name"]], world, lim["MBps"]) for spec in cfg["runs"]]
+    best = max((r["MBps"] for r in runs if r["MBps"] is not None), default=None)
+    if lim["MBps"] is not None and best is not None and best > lim["MBps"]:
+        # a run beat the limit measured in the same job (page cache, a short --quick
+        # run, read-ahead): no figure may exceed 100%, so the limit is the best seen
+        lim["measured_MBps"] = lim["MBps"]
+        lim["MBps"] = best
+        lim["note"] = (
+            f"the limit run measured {lim['measured_MBps']:.0f} MB/s, below the best run "
+            f"({best:.0f} MB/s: cache or read-ahead effects); the limit is raised to it"
+        )
+        for r in runs:
+            if r["MBps"] is not None:
+                r["fraction_of_limit"] = r["MBps"] / best
     baseline = cfg.get("baseline") or (runs[0]["name"] if runs else None)
     base = next((r for r in runs if r["name"] == baseline), None)
     if base is None and baseline is not None:
@@ -255,13 +345,16 @@ def _agg(values: list[Any], fn: Callable = max) -> Any:
 def markdown_table(doc: dict[str, Any]) -> str:
     """The runs side by side, one row each (seconds are the slowest rank's)."""
     lim = doc.get("limit_MBps")
+    note = (doc.get("limit") or {}).get("note")
     head = (
         f"### {doc['scenario']}\n\nphysical limit: {_fmt(lim, '.1f')} MB/s"
         f" ({(doc.get('limit') or {}).get('method') or 'not measured'}); baseline: "
-        f"{doc.get('baseline')}\n\n"
+        f"{doc.get('baseline')}\n\n" + (f"note: {note}\n\n" if note else "")
     )
     cols = [
         "run",
+        "what it is",
+        "shuffles?",
         "ranks",
         "nodes",
         "time s",
@@ -284,6 +377,8 @@ def markdown_table(doc: dict[str, Any]) -> str:
         frac = r["fraction_of_limit"]
         row = [
             r["name"],
+            describe_run(r["name"]),
+            shuffle_cell(r),
             str(r["ranks"]),
             str(r["nodes"]),
             _fmt(r["time_s"]),
@@ -300,7 +395,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
             (r["digest"] or "-")[:12],
         ]
         if r.get("error"):
-            row[3] = f"error: {r['error']}"
+            row[5] = f"error: {r['error']}"
         lines.append("| " + " | ".join(row) + " |")
     agree = [r["name"] for r in doc["runs"] if r.get("digests_agree") is False]
     note = f"\n\ndigest changed between repeats: {', '.join(agree)}" if agree else ""

@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the result document here")
     parser.add_argument("--out", default="bench-out", metavar="DIR", help="table, JSON, plot")
-    parser.add_argument("--no-plots", action="store_true")
+    report.add_plot_arguments(parser)
 
 
 # ------------------------------------------------------------------------ orders
@@ -276,16 +276,17 @@ def markdown(doc: dict[str, Any]) -> str:
         f"## feedline bench shuffle: {doc['samples']:,} cifar10-large-shaped samples "
         f"(class-sorted), {doc['ranks']} ranks, global batch {doc['batch_size']}, "
         f"{doc['epochs']} epoch(s), held out {doc.get('test_samples', 0):,}\n",
-        "| order | RL (model) | RL (observed) | class mix per batch | classes per batch "
-        "| corr. with disk order | held-out accuracy | final train loss |\n"
-        "|---|---|---|---|---|---|---|---|",
+        "| order | what it is | shuffles? | RL (model) | RL (observed) | class mix per batch "
+        "| classes per batch | corr. with disk order | held-out accuracy | final train loss |\n"
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc.get("rows", []):
         loss = "-" if r["loss"] is None else f"{r['loss']:.3f}"
         out.append(
-            f"| {r['order']} | {_p(r['rl'])} | {_p(r['rl_observed'])} | "
-            f"{r['class_mix']:.2f} | {r.get('classes_per_batch', float('nan')):.1f} | "
-            f"{r.get('disk_correlation', float('nan')):+.3f} | {_p(r['accuracy'])} | {loss} |"
+            f"| {r['order']} | {report.describe_run(r['order'])} | "
+            f"{report.shuffle_cell({'name': r['order'], 'rl': r['rl_observed']})} | "
+            f"{_p(r['rl'])} | {_p(r['rl_observed'])} | "
+            f"{r['class_mix']:.2f} | {_p(r['accuracy'])} | {loss} |"
         )
     cal = doc["calibration"]
     ns = list(cal[0]["feedline"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from ..errors import UnsupportedFormatError
+from ..errors import DatasetNotFoundError, UnsupportedFormatError
 from .base import FORMATS, Decoder, Format, RawDecoder, register
 
 # name -> module that registers it (imported lazily so h5py etc. load only when used)
@@ -32,12 +32,22 @@ def get_format(name: str) -> type[Format]:
 
 
 def detect(path) -> str:
-    """Guess the format of *path* (LMDB directory, .h5/.hdf5, .tfrecord(s), .npy)."""
+    """Guess the format of *path* (LMDB directory, .h5/.hdf5, .tfrecord(s), .npy).
+
+    Raises
+    ------
+    DatasetNotFoundError
+        *path* does not exist (and is not a glob).
+    UnsupportedFormatError
+        Nothing matched; the message lists what was tried.
+    """
     if isinstance(path, list | tuple):
         if not path:
             raise UnsupportedFormatError("<empty list>", "no files given")
         path = path[0]
     p = os.fspath(path)
+    if not os.path.exists(p) and not any(c in p for c in "*?["):
+        raise DatasetNotFoundError(p)
     if os.path.isdir(p) and os.path.exists(os.path.join(p, "data.mdb")):
         return "lmdb"
     low = p.lower()
@@ -69,8 +79,11 @@ def detect(path) -> str:
             return "tfrecord"
     raise UnsupportedFormatError(
         p,
-        "cannot tell the format; pass format= one of lmdb, hdf5, tfrecord, npy, records "
-        "(records needs record_bytes=...)",
+        "cannot tell the format. Tried: an LMDB directory (holding data.mdb) or a .mdb "
+        "file; the extensions .h5/.hdf5 (hdf5), .tfrecord/.tfrecords (tfrecord), .npy "
+        "(npy)" + (" on the files inside the directory" if os.path.isdir(p) else "") + ". "
+        "Pass format= one of lmdb, hdf5, tfrecord, npy, records "
+        "(fixed-size binary records: format='records', record_bytes=...)",
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ConfigError, UnsupportedFormatError
+from ..errors import ConfigError, DatasetNotFoundError, UnsupportedFormatError
 from ..index import Index
 
 
@@ -120,6 +120,11 @@ class Format(ABC):
         """The decoder for records of this format (raw bytes by default)."""
         return RawDecoder(index)
 
+    def detect_decode(self, index: Index) -> str | None:
+        """None when :meth:`make_decoder`'s decoder applies to these records, else why
+        they are delivered as raw bytes (checked on the first records)."""
+        return None
+
     def describe(self, index: Index) -> dict[str, Any]:
         """Format-specific layout facts for ``feedline inspect``."""
         return dict(index.meta)
@@ -139,7 +144,7 @@ def resolve_files(
         if any(c in p for c in "*?["):
             files = sorted(os.path.abspath(f) for f in glob.glob(p))
             if not files:
-                raise FileNotFoundError(f"no files match {p!r}")
+                raise DatasetNotFoundError(p, "no files match this pattern")
             root = os.path.commonpath([os.path.dirname(f) for f in files])
         elif os.path.isdir(p):
             root = os.path.abspath(p)
@@ -156,10 +161,10 @@ def resolve_files(
             files = [os.path.abspath(p)]
             root = os.path.dirname(files[0])
         else:
-            raise FileNotFoundError(f"no such dataset: {p!r}")
+            raise DatasetNotFoundError(p)
     for f in files:
         if not os.path.isfile(f):
-            raise FileNotFoundError(f"no such dataset file: {f!r}")
+            raise DatasetNotFoundError(f, "no such dataset file")
     return root, files
 
 

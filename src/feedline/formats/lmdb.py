@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..errors import UnsupportedFormatError
+from ..errors import DatasetNotFoundError, UnsupportedFormatError
 from ..index import Index, Keys
 from .base import Decoder, Format, RawDecoder, register
 
@@ -56,8 +56,8 @@ def data_file(path: str | os.PathLike[str]) -> str:
     ------
     UnsupportedFormatError
         When a directory holds no ``data.mdb``.
-    FileNotFoundError
-        When *path* does not exist.
+    DatasetNotFoundError
+        When *path* does not exist (a ``FileNotFoundError``).
     """
     p = os.fspath(path)
     if os.path.isdir(p):
@@ -66,7 +66,7 @@ def data_file(path: str | os.PathLike[str]) -> str:
             raise UnsupportedFormatError(p, "directory holds no data.mdb (not an LMDB environment)")
         return os.path.abspath(f)
     if not os.path.exists(p):
-        raise FileNotFoundError(f"no such LMDB: {p!r}")
+        raise DatasetNotFoundError(p, "no such LMDB")
     return os.path.abspath(p)
 
 
@@ -180,6 +180,25 @@ class LmdbFormat(Format):
             return RawDecoder(index)
         return DatumDecoder(index)
 
+    def detect_decode(self, index: Index) -> str | None:
+        """None when the first records are Caffe ``Datum`` (the decoder applies), else why
+        the records are delivered as raw bytes (pickled, msgpack, JPEG ... values)."""
+        try:
+            from .datum import _read_record
+        except ModuleNotFoundError as e:  # pragma: no cover - datum is part of feedline
+            if e.name != f"{__package__}.datum":
+                raise
+            return "records delivered as raw bytes (no Datum decoder)"
+        for i in range(min(DETECT_RECORDS, len(index))):
+            rec = _read_record(index, i)
+            why = _not_datum(rec)
+            if why is not None:
+                return (
+                    f"record {i} is not a Caffe Datum ({why}): delivering raw bytes "
+                    "(decode=False); pass decode=True to force Datum decoding"
+                )
+        return None
+
     def describe(self, index: Index) -> dict[str, Any]:
         keep = (
             "page_size", "depth", "entries", "branch_pages", "leaf_pages", "overflow_pages",
@@ -187,6 +206,29 @@ class LmdbFormat(Format):
             "payload_fraction",
         )  # fmt: skip
         return {k: index.meta[k] for k in keep if k in index.meta}
+
+
+#: records checked by :meth:`LmdbFormat.detect_decode`
+DETECT_RECORDS = 8
+
+
+def _not_datum(rec: bytes) -> str | None:
+    """None when *rec* is a plausible Caffe Datum, else why not."""
+    from ..errors import CorruptDataError
+    from .datum import parse_datum
+
+    try:
+        d = parse_datum(rec)
+    except CorruptDataError as e:
+        return e.reason
+    if d.encoded:
+        return None if d.data_size > 0 else "an encoded Datum without image bytes"
+    pixels = int(d.channels) * int(d.height) * int(d.width)
+    if pixels <= 0:
+        return "no channels/height/width"
+    if pixels not in (int(d.data_size), int(d.float_count)):
+        return f"{d.data_size} data bytes for a {d.channels}x{d.height}x{d.width} image"
+    return None
 
 
 # ----------------------------------------------------------------------- page level

@@ -18,7 +18,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ConfigError, CorruptDataError, UnsupportedFormatError
+from ..errors import (
+    ConfigError,
+    CorruptDataError,
+    DatasetNotFoundError,
+    UnsupportedFormatError,
+)
 from ..index import Index, fingerprint
 from .base import Decoder, Format, register
 from .records import pread_exact
@@ -224,7 +229,7 @@ class NpyFormat(Format):
                 p = os.path.join(root, p)
             p = os.path.abspath(p)
             if not os.path.isfile(p):
-                raise FileNotFoundError(f"no such labels file: {p!r}")
+                raise DatasetNotFoundError(p, "no such labels file")
             out.append(p)
         return out
 

@@ -8,37 +8,12 @@ environment override. Options the Loader does not know are strategy knobs
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from .. import defaults
 from ..errors import ConfigError
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1 << 10,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1 << 20,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1 << 30,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(value: int | float | str, what: str = "size") -> int:
-    """``"64MiB"`` -> 67108864; plain numbers are bytes."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return int(value)
-    m = _SIZE.match(str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"{what}: cannot read {value!r} as a size (e.g. 8MiB, 2.5GB, 4096)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+from ..units import parse_bytes
 
 
 @dataclass(frozen=True, slots=True)

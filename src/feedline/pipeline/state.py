@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import Any
 
-from ..errors import StateError
+from ..errors import StateError, StateMismatchError
 
 KIND = "feedline.loader"
 VERSION = 1
@@ -105,9 +105,10 @@ def check_compatible(
     drop_last: bool,
     strategy: dict[str, Any],
 ) -> None:
-    """Raise StateError when *body* belongs to another dataset or epoch order."""
+    """Raise StateMismatchError when *body* belongs to another dataset, StateError when
+    to another epoch order (batch size, drop_last, order knobs)."""
     if body["dataset"] != fingerprint or body["n"] != n:
-        raise StateError(
+        raise StateMismatchError(
             f"loader state belongs to another dataset (fingerprint {body['dataset']}, "
             f"{body['n']} samples; this one is {fingerprint}, {n} samples)"
         )

@@ -18,9 +18,14 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
+from ..units import parse_bytes
 from .plan import make_plan
 from .strategy import PRESET_DOCS, PRESETS, get_strategy
 from .world import WorldSpec
+
+
+def _size(text: str) -> int:
+    return parse_bytes(text, "--memory-cap")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -46,7 +51,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--key-bytes", type=int, default=8, help="synthetic LMDB key length")
     p.add_argument(
-        "--memory-cap", type=float, default=None, help="bytes per node (default: feedline's)"
+        "--memory-cap",
+        type=_size,
+        default=None,
+        help="bytes per node, e.g. 64MiB, 2G, 2.5e9 (default: feedline's)",
     )
     p.add_argument(
         "--profile",

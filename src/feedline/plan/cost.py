@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError
+from ..units import format_bytes
 from .strategy import Strategy
 from .world import WorldSpec
 
@@ -340,8 +341,8 @@ def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
     worst_step = unit_samples * (sh.max_len * sh.span + meta)
     if worst_step > cap_unit:
         raise ConfigError(
-            f"memory cap {sh.cap} bytes per node cannot hold two steps of reads "
-            f"({worst_step:.0f} bytes per {unit} and step at worst): raise memory_cap or "
+            f"memory cap {format_bytes(sh.cap)} per node cannot hold two steps of reads "
+            f"({format_bytes(worst_step)} per {unit} and step at worst): raise memory_cap or "
             "lower the batch size"
         )
     w_cap = int(cap_unit // max(worst_step, 1.0))

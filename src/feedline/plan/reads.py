@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import ConfigError
+from ..units import format_bytes
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -132,8 +133,8 @@ def window_steps(plan: Plan) -> int:
     worst_step = unit_samples * (plan.records.max_length + meta)
     if worst_step > cap:
         raise ConfigError(
-            f"memory cap {plan.memory_cap} bytes per node cannot hold two steps of reads "
-            f"({worst_step} bytes per {'node' if s.aggregated else 'rank'} and step at worst): "
+            f"memory cap {format_bytes(plan.memory_cap)} per node cannot hold two steps of reads "
+            f"({format_bytes(worst_step)} per {'node' if s.aggregated else 'rank'} and step at worst): "
             "raise memory_cap or lower the batch size"
         )
     w_cap = cap // max(worst_step, 1)

@@ -21,10 +21,12 @@ across steps is the coalescing presets' business.
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -167,6 +169,62 @@ class MmapCursor:
             self.txn.abort()
             self.env.close()
             self.env = None
+
+
+class PageCursor:
+    """feedline's own cursor, for when py-lmdb cannot map the file: the same walk over
+    the tree (:class:`Locator`'s page parser, one ``pread`` per page, as the map would
+    fault them in), then the values read with the engine (:func:`read_extents`). Used
+    by :func:`open_cursor` when this process already has the environment open in
+    py-lmdb (liblmdb refuses a second open of one environment in a process)."""
+
+    def __init__(self, path: str, counters: dict[str, Any], engine: ExtentReader) -> None:
+        self.c = counters
+        self.path = path
+        self.engine = engine
+        self.loc = Locator(path, counters)
+
+    def read(self, ids: np.ndarray, dest: np.ndarray) -> np.ndarray:
+        """Copy the values of *ids* (in order) back to back into *dest*; return lengths."""
+        ids = np.asarray(ids, dtype=np.int64)
+        u, offs, lens = self.loc.locate(ids)
+        k = np.searchsorted(u, ids)
+        offs, lens = offs[k], lens[k]
+        read_extents(self.engine, offs, lens, dest, self.c)
+        return lens
+
+    def storage(self) -> tuple[int, int]:
+        """(bytes, ops) beyond the counters: none (the engine counts its reads)."""
+        return 0, 0
+
+    def close(self) -> None:
+        self.loc.close()
+
+
+def open_cursor(
+    path: str, counters: dict[str, Any], engine: Callable[[], ExtentReader]
+) -> MmapCursor | PageCursor:
+    """A liblmdb cursor over mmap, or :class:`PageCursor` (reading with ``engine()``)
+    when liblmdb cannot open the environment because this process already has it open
+    (a user's ``lmdb.open`` before the Loader): the same records, read with explicit
+    reads; said once in the log."""
+    try:
+        return MmapCursor(path, counters)
+    except Exception as e:
+        if "already open" not in str(e):
+            raise
+    global _SAID_SHARED
+    if not _SAID_SHARED:
+        _SAID_SHARED = True
+        logging.getLogger("feedline").info(
+            "feedline: %s is already open in py-lmdb in this process; the cursor presets "
+            "read it with feedline's own page reader instead of a second liblmdb map",
+            path,
+        )
+    return PageCursor(path, counters, engine())
+
+
+_SAID_SHARED = False
 
 
 # --------------------------------------------------------------------- speculation

@@ -52,7 +52,15 @@ from .. import defaults
 from ..errors import FeedlineError
 from ..pipeline.reader import ExtentReader, ReadList, gather
 from ..pipeline.source import RawBatch, Source, SourceContext, register_source
-from .lmdb_readers import Locator, MmapCursor, Speculative, new_counters, read_extents
+from .lmdb_readers import (
+    Locator,
+    MmapCursor,
+    PageCursor,
+    Speculative,
+    new_counters,
+    open_cursor,
+    read_extents,
+)
 from .lmdb_walk import MAX_DEPTH, WalkCursor
 
 PRESETS = (
@@ -110,7 +118,7 @@ class LmdbioSource(Source):
         self.world = ctx.world
         self.c = new_counters()
         self._engine: ExtentReader | None = None
-        self._cursor: MmapCursor | None = None
+        self._cursor: MmapCursor | PageCursor | None = None
         self._spec: Speculative | None = None
         self._locator: Locator | None = None
         self._shm: Any = None
@@ -155,7 +163,7 @@ class LmdbioSource(Source):
         if self.is_reader:
             method = "pread" if st.read == "mmap" else st.read
             if self.mode == "cursor" and self._cursor is None:
-                self._cursor = MmapCursor(self._path, self.c)
+                self._cursor = open_cursor(self._path, self.c, lambda: self._engine_for("pread"))
             elif self.mode == "dm" and self._spec is None:
                 self._spec = Speculative(self._path, self._engine_for("pread"), self.c)
             elif self.mode in ("dio", "prov"):
