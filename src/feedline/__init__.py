@@ -11,12 +11,16 @@ from typing import Any
 
 from .dataset import Dataset, open_dataset
 from .errors import (
+    ConcurrencyError,
     ConfigError,
     CorruptDataError,
     FeedlineError,
+    PeerFailedError,
+    PeerTimeoutError,
     StaleDatasetError,
     StateError,
     StorageError,
+    StorageTimeoutError,
     UnsupportedFormatError,
 )
 from .index import Index
@@ -41,15 +45,19 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Batch",
+    "ConcurrencyError",
     "ConfigError",
     "CorruptDataError",
     "Dataset",
     "FeedlineError",
     "Index",
     "Loader",
+    "PeerFailedError",
+    "PeerTimeoutError",
     "StaleDatasetError",
     "StateError",
     "StorageError",
+    "StorageTimeoutError",
     "UnsupportedFormatError",
     "open_dataset",
     "randomization_level",

@@ -28,7 +28,12 @@ from typing import Any
 import numpy as np
 
 from . import defaults
-from .errors import ConfigError, StateError
+from .errors import (
+    ConcurrencyError,
+    ConfigError,
+    StateError,
+    StorageTimeoutError,
+)
 from .pipeline import state as _state
 from .pipeline.options import PipelineOptions, default_buffer, pipeline_options
 from .pipeline.runner import EpochRun, inline_run
@@ -144,6 +149,12 @@ class Loader:
         opts, knobs = pipeline_options(options)
         self.options: PipelineOptions = opts
         self.world: LoaderWorld = resolve_world(comm, opts.nodes)
+        self._pid = os.getpid()
+        #: the job's failure channel (None on one rank): see feedline.dist.alarm
+        self._alarm = getattr(self.world.dist, "alarm", None)
+        if self.world.dist is not None:
+            self.world.dist.timeout_s = float(opts.timeout_s)
+        self._next_lock = threading.Lock()  # one consumer at a time (ConcurrencyError)
         self._index = dataset.index
         self.n = len(self._index)
         self._source_name = source_name_for(self.preset, explicit_source)
@@ -181,6 +192,7 @@ class Loader:
         self._fingerprint: str | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._broken: str | None = None  # why the Loader may not iterate again
         self._exposed_s = 0.0
         self._delivered = 0
         self._samples = 0
@@ -391,9 +403,37 @@ class Loader:
         self._step = 0
         self._chain = [[self.world.size, self.world.nodes, 0]]
 
-    def __iter__(self) -> _Epoch:
+    def _check_usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise ConcurrencyError(
+                "this Loader was created in another process (before a fork): its threads "
+                "and MPI state do not exist here; create a new Loader in the child"
+            )
         if self._closed:
             raise ConfigError("this Loader is closed")
+        if self._broken is not None:
+            raise ConcurrencyError(
+                f"this Loader abandoned a stalled read ({self._broken}); its buffers may "
+                "still be written by that read: create a new Loader"
+            )
+
+    def __iter__(self) -> _Epoch:
+        self._check_usable()
+        if not self._next_lock.acquire(blocking=False):
+            raise ConcurrencyError(
+                "iter() while another thread is inside next() of this Loader: a Loader has "
+                "one consumer at a time (give each thread its own Loader)"
+            )
+        try:
+            return self._iter_locked()
+        except Exception as e:
+            if self._alarm is not None:
+                self._alarm.announce(e)  # peers may already wait for this rank
+            raise
+        finally:
+            self._next_lock.release()
+
+    def _iter_locked(self) -> _Epoch:
         self._stop_run()
         steps = len(self)
         if self._step >= steps and not self._resumed:
@@ -596,8 +636,14 @@ class Loader:
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Stop reading and release threads, buffers and files. Idempotent."""
+        """Stop reading and release threads, buffers and files. Idempotent.
+
+        In a forked child it only marks the Loader closed: the threads, files and MPI
+        state belong to the parent."""
         if self._closed:
+            return
+        if os.getpid() != self._pid:
+            self._closed = True
             return
         self._stop_run()
         self._closed = True
@@ -669,9 +715,35 @@ class _Epoch:
         return self
 
     def __next__(self) -> Batch:
-        batch = next(self._run)
-        self._loader._on_batch(self._run, batch)
-        return batch
+        lo = self._loader
+        if not lo._next_lock.acquire(blocking=False):
+            raise ConcurrencyError(
+                "two threads iterate this Loader at once: a Loader has one consumer at a "
+                "time (give each thread its own Loader)"
+            )
+        try:
+            if self._run is not lo._run and not self._run._closed:
+                raise ConcurrencyError("this pass was replaced by a newer iter() of its Loader")
+            if os.getpid() != lo._pid or lo._broken is not None:
+                lo._check_usable()
+            alarm = lo._alarm
+            try:
+                if alarm is not None:
+                    alarm.poll()  # a peer failed or died: raise now, on every rank
+                batch = next(self._run)
+            except StopIteration:
+                raise
+            except Exception as e:
+                self._run.close()
+                if isinstance(e, StorageTimeoutError):
+                    lo._broken = str(e)
+                if alarm is not None:
+                    alarm.announce(e)  # every other rank raises PeerFailedError
+                raise
+            lo._on_batch(self._run, batch)
+            return batch
+        finally:
+            lo._next_lock.release()
 
     def __len__(self) -> int:
         return self._run.last - self._run.next_step
@@ -687,6 +759,9 @@ class _Epoch:
 
 def _close_all() -> None:  # at interpreter exit: never leave reader threads behind
     try:
+        alarm_mod = sys.modules.get("feedline.dist.alarm")
+        if alarm_mod is not None:  # before closing: a failed job must not wait in close()
+            alarm_mod.exit_guard()
         for loader in list(_LIVE):
             with contextlib.suppress(Exception):
                 loader.close()

@@ -32,7 +32,8 @@ from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from ..errors import FeedlineError
-from .source import RawBatch, Source, SourceStopped
+from ..dist.alarm import Interrupted
+from .source import RawBatch, Source
 
 _POLL = 0.05  # seconds between checks of the stop flag while blocked
 
@@ -163,7 +164,7 @@ class EpochRun:
                     futs.popleft()
                 futs.append(self._pool.submit(self._work, raw, step))
                 step += 1
-        except SourceStopped:
+        except Interrupted:  # SourceStopped, or a wait for peers the stop flag ended
             return
         except BaseException as e:  # delivered to the consumer in order
             self._put(step, False, e)

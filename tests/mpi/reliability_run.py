@@ -1,0 +1,165 @@
+"""Under mpiexec (or alone): one Loader pass with a fault or a killed rank; every rank
+reports how it ended. Used by tests/test_reliability_mpi.py and tests/test_faultfs.py.
+
+    reliability_run.py DATA PRESET [--fault unlink] [--kill RANK:POINT[:N]]
+                       [--hashes OUT] [--checkpoint CKPT] [--resume CKPT]
+                       [--batch B] [--epochs E] [--timeout S] [--catch]
+
+Each rank prints ``OUTCOME rank=R kind=ok|error type=T s=SECONDS msg=...`` and, with
+``--hashes``, writes OUT.R.json: [[epoch, step, ids, sha256 of the batch's bytes]...].
+``--fault unlink``: rank 0 deletes the last dataset file after the index is built
+(a persistent ENOENT for whoever reads it). ``--kill R:POINT[:N]``: rank R SIGKILLs
+itself at the N-th (default 1st) occurrence of POINT: ``step`` (after N batches),
+``collective`` (inside a wait of a feedline collective), ``token`` (right after taking
+the staggering token), ``handoff`` (inside a node-window wait). With ``--catch`` a
+rank that meets a FeedlineError prints its outcome and exits normally (the exit guard
+must then keep the job from hanging); without it the error escapes.
+``--checkpoint`` writes rank 0's state after every batch; ``--resume`` loads one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+from mpi4py import MPI
+
+from feedline import FeedlineError, Loader, open_dataset
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm_kill(point: str, n: int) -> None:
+    """Wrap the function that marks POINT so that its n-th call kills this process."""
+    from feedline.dist import world as W
+    from feedline.pipeline import node as N
+
+    count = [0]
+
+    def hit() -> None:
+        count[0] += 1
+        if count[0] == n:
+            _die()
+
+    if point == "collective":
+        orig = W.World.allgather
+
+        def allgather(self, obj, comm=None, **kw):
+            hit()
+            return orig(self, obj, comm, **kw)
+
+        W.World.allgather = allgather
+        orig_b = W.World.bcast
+
+        def bcast(self, obj=None, root=0, comm=None, **kw):
+            hit()
+            return orig_b(self, obj, root, comm, **kw)
+
+        W.World.bcast = bcast
+    elif point == "token":
+        orig_t = W.Token.acquire
+
+        def acquire(self):
+            orig_t(self)
+            hit()
+
+        W.Token.acquire = acquire
+    elif point == "handoff":
+        orig_e = N.NodeSource._enter
+
+        def enter(self, P, r):
+            hit()
+            return orig_e(self, P, r)
+
+        N.NodeSource._enter = enter
+    elif point != "step":
+        raise SystemExit(f"unknown kill point {point}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("preset")
+    ap.add_argument("--fault", default=None)
+    ap.add_argument("--kill", default=None)
+    ap.add_argument("--hashes", default=None)
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--resume", default=None)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=0.0)
+    ap.add_argument("--source", default=None)
+    ap.add_argument("--catch", action="store_true")
+    a = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    with open(os.path.join(a.data, ".feedline-make.json")) as f:
+        m = json.load(f)
+    ds = open_dataset(a.data, format=m["format"], comm=comm, **m.get("open_options", {}))
+    _ = ds.index
+    kill_step = -1
+    if a.kill:
+        parts = a.kill.split(":")
+        victim, point = int(parts[0]), parts[1]
+        n = int(parts[2]) if len(parts) > 2 else 1
+        if rank == victim:
+            if point == "step":
+                kill_step = n
+            else:
+                arm_kill(point, n)
+    if a.fault == "unlink":
+        comm.Barrier()
+        if rank == 0:
+            os.unlink(ds.files[-1])
+        comm.Barrier()
+    kw = {"source": a.source} if a.source else {}
+    t0 = time.monotonic()
+    rec = []
+    done = 0
+    try:
+        with Loader(ds, a.batch, preset=a.preset, seed=3, timeout_s=a.timeout, **kw) as ld:
+            if a.resume:
+                with open(a.resume) as f:
+                    ld.load_state_dict(json.load(f))
+            start = ld.epoch
+            for epoch in range(start, start + a.epochs):
+                ld.set_epoch(epoch)
+                for b in ld:
+                    raw = b.data if hasattr(b.data, "tobytes") else b.data
+                    h = hashlib.sha256(raw.tobytes() if hasattr(raw, "tobytes") else raw)
+                    rec.append([epoch, int(b.step), [int(i) for i in b.ids], h.hexdigest()])
+                    done += 1
+                    if a.checkpoint and rank == 0:
+                        tmp = a.checkpoint + ".tmp"
+                        with open(tmp, "w") as f:
+                            json.dump(ld.state_dict(), f)
+                        os.replace(tmp, a.checkpoint)
+                    if done == kill_step:
+                        _die()
+    except FeedlineError as e:
+        dt = time.monotonic() - t0
+        msg = str(e).replace("\n", " ")[:300]
+        print(f"OUTCOME rank={rank} kind=error type={type(e).__name__} s={dt:.2f} msg={msg}", flush=True)
+        if a.hashes:
+            with open(f"{a.hashes}.{rank}.json", "w") as f:
+                json.dump(rec, f)
+        if not a.catch:
+            raise
+        return
+    dt = time.monotonic() - t0
+    print(f"OUTCOME rank={rank} kind=ok type=- s={dt:.2f} msg=steps {done}", flush=True)
+    if a.hashes:
+        with open(f"{a.hashes}.{rank}.json", "w") as f:
+            json.dump(rec, f)
+
+
+if __name__ == "__main__":
+    main()
