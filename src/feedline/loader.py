@@ -412,9 +412,12 @@ class Loader:
         if self._closed:
             raise ConfigError("this Loader is closed")
         if self._broken is not None:
-            raise ConcurrencyError(
+            raise StorageTimeoutError(
+                self.dataset.files[0],
+                -1,
+                self.options.timeout_s,
                 f"this Loader abandoned a stalled read ({self._broken}); its buffers may "
-                "still be written by that read: create a new Loader"
+                "still be written by that read: create a new Loader",
             )
 
     def __iter__(self) -> _Epoch:
@@ -502,6 +505,8 @@ class Loader:
         if run is not None:
             self._exposed_s += run.exposed_s
             run.close()
+            if run.abandoned:  # a reader thread is stuck in a stalled read
+                self._broken = self._broken or "a reader thread stalled past timeout_s"
 
     # ------------------------------------------------------------------ state
     @property
@@ -647,6 +652,11 @@ class Loader:
             return
         self._stop_run()
         self._closed = True
+        if self._broken is not None:  # threads may still use the source: leave it as is
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+            return
         try:
             self._source.close()
         finally:
@@ -704,12 +714,19 @@ def _following(loader: Loader, epoch: int):
     return make
 
 
+#: sources that carry a peer's failure to the step where it happened themselves (node
+#: window flags, the store's collectives): polling the alarm before each batch would
+#: raise PeerFailedError steps earlier on some ranks; their waits poll it instead
+_AGREEING = ("node", "store")
+
+
 class _Epoch:
     """The iterator of one pass; dropping it (``break``) stops the loader's threads."""
 
     def __init__(self, loader: Loader, run: EpochRun) -> None:
         self._loader = loader
         self._run = run
+        self._owner: int | None = None  # the thread consuming this pass
 
     def __iter__(self) -> _Epoch:
         return self
@@ -722,13 +739,23 @@ class _Epoch:
                 "time (give each thread its own Loader)"
             )
         try:
-            if self._run is not lo._run and not self._run._closed:
+            me = threading.get_ident()
+            if self._owner is None:
+                self._owner = me
+            elif self._owner != me:
+                raise ConcurrencyError(
+                    "two threads iterate this Loader: a pass is consumed by the thread that "
+                    "started it (a Loader has one consumer at a time; give each thread its "
+                    "own Loader)"
+                )
+            run = self._run
+            if run is not lo._run and not lo._closed and run.next_step < run.last:
                 raise ConcurrencyError("this pass was replaced by a newer iter() of its Loader")
             if os.getpid() != lo._pid or lo._broken is not None:
                 lo._check_usable()
             alarm = lo._alarm
             try:
-                if alarm is not None:
+                if alarm is not None and lo._source_name not in _AGREEING:
                     alarm.poll()  # a peer failed or died: raise now, on every rank
                 batch = next(self._run)
             except StopIteration:

@@ -209,7 +209,10 @@ class NodeWindowSource(Source):
         key = _plan_key(plan, first_step, sizes)
         if self._is_reader and self._reader is None:
             self._reader = ExtentReader(
-                self.ctx.dataset.files, self.ctx.options.io_threads, plan.strategy.read
+                self.ctx.dataset.files,
+                self.ctx.options.io_threads,
+                plan.strategy.read,
+                timeout_s=self.ctx.options.timeout_s,
             )
         self._gen += 1
         if self._shm is None:

@@ -146,7 +146,12 @@ class LmdbioSource(Source):
 
     def _engine_for(self, method: str) -> ExtentReader:
         if self._engine is None:
-            self._engine = ExtentReader(self.ctx.dataset.files, self.ctx.options.io_threads, method)
+            self._engine = ExtentReader(
+                self.ctx.dataset.files,
+                self.ctx.options.io_threads,
+                method,
+                timeout_s=self.ctx.options.timeout_s,
+            )
         return self._engine
 
     def start(self, plan, first_step: int) -> None:
