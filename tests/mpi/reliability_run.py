@@ -14,6 +14,8 @@ itself at the N-th (default 1st) occurrence of POINT: ``step`` (after N batches)
 the staggering token), ``handoff`` (inside a node-window wait). With ``--catch`` a
 rank that meets a FeedlineError prints its outcome and exits normally (the exit guard
 must then keep the job from hanging); without it the error escapes.
+``--inject KIND:COUNT[:SECONDS]``: rank 0 tells the storage emulator whose view DATA
+is to inject that fault into reads of ``data_batch*`` files once the index is built.
 ``--checkpoint`` writes rank 0's state after every batch; ``--resume`` loads one.
 """
 
@@ -89,6 +91,7 @@ def main() -> None:
     ap.add_argument("data")
     ap.add_argument("preset")
     ap.add_argument("--fault", default=None)
+    ap.add_argument("--inject", default=None)
     ap.add_argument("--kill", default=None)
     ap.add_argument("--hashes", default=None)
     ap.add_argument("--checkpoint", default=None)
@@ -115,6 +118,15 @@ def main() -> None:
                 kill_step = n
             else:
                 arm_kill(point, n)
+    if a.inject:  # emulator fault, after the index is built: KIND:COUNT[:SECONDS]
+        comm.Barrier()
+        if rank == 0:
+            kind, count, *sec = a.inject.split(":")
+            cmd = f"fault {kind} data_batch count={count}" + (f" seconds={sec[0]}" if sec else "")
+            control = os.path.join(os.path.dirname(os.path.abspath(a.data)), ".feedline-control")
+            with open(control, "w") as f:
+                f.write("drop\n" + cmd + "\n")
+        comm.Barrier()
     if a.fault == "unlink":
         comm.Barrier()
         if rank == 0:

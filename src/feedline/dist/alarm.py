@@ -13,9 +13,10 @@ raises it at its next batch.
 *Liveness.* A rank killed by a signal cannot announce anything. Its peers on the same
 host find out from its pid (checked at most twice a second while they wait: the
 process is gone or a zombie) and raise :class:`PeerFailedError` ("rank 2 (pid ...)
-died"). Peers on other hosts are bounded by the wait limit: ``timeout_s`` of the Loader
-when set, else ``FEEDLINE_PEER_TIMEOUT_S`` (600 s by default); past it the wait raises
-:class:`PeerTimeoutError`.
+died"). Peers on other hosts are bounded by the wait limit: 2 x ``timeout_s`` + 1 s
+when the Loader has a ``timeout_s`` (a stalled peer's own ``StorageTimeoutError``,
+raised at ``timeout_s``, arrives first), else ``FEEDLINE_PEER_TIMEOUT_S`` (600 s by
+default); past it the wait raises :class:`PeerTimeoutError`.
 
 *The exit guard.* MPI cannot finish (``MPI_Finalize``) while a rank is dead or blocked:
 after a failure, a plain exit hangs. At interpreter exit (before mpi4py finalizes), a
@@ -48,6 +49,15 @@ from ..errors import FeedlineError, PeerFailedError, PeerTimeoutError
 _ALARM_TAG = 0xA1A
 _MSG_BYTES = 8192
 _LIVENESS_S = 0.5
+
+
+def peer_limit(timeout_s: float) -> float:
+    """How long a wait for peers lasts: 2 x ``timeout_s`` + 1 s when the Loader has one
+    (a peer's own read may take ``timeout_s`` before it raises and tells everyone), else
+    ``FEEDLINE_PEER_TIMEOUT_S``."""
+    if timeout_s and timeout_s > 0:
+        return 2.0 * timeout_s + 1.0
+    return float(defaults.get("peer_timeout_s"))
 
 
 class Interrupted(Exception):
@@ -174,7 +184,7 @@ class Alarm:
         *timeout_s* (0: the ``peer_timeout_s`` default); *stop* (an Event) interrupts."""
         if pause is None:
             pause = defaults.get("poll_sleep_us") * 1e-6
-        limit = timeout_s or float(defaults.get("peer_timeout_s"))
+        limit = peer_limit(timeout_s)
         deadline = time.monotonic() + limit if limit > 0 else None
         while True:
             done, status = request.test()
@@ -243,7 +253,7 @@ class WaitBound:
     def __init__(self, world: Any, what: str) -> None:
         self.alarm = getattr(world, "alarm", None)
         self.what = what
-        limit = float(getattr(world, "timeout_s", 0.0) or defaults.get("peer_timeout_s"))
+        limit = peer_limit(float(getattr(world, "timeout_s", 0.0) or 0.0))
         self.limit = limit
         self.deadline = time.monotonic() + limit if limit > 0 else None
 
