@@ -5,7 +5,7 @@ reports how it ended. Used by tests/test_reliability_mpi.py and tests/test_fault
                        [--hashes OUT] [--checkpoint CKPT] [--resume CKPT]
                        [--batch B] [--epochs E] [--timeout S] [--catch]
 
-Each rank prints ``OUTCOME rank=R kind=ok|error type=T s=SECONDS msg=...`` and, with
+Each rank prints (and with ``--report PREFIX`` writes to PREFIX.RANK.txt) ``OUTCOME rank=R kind=ok|error type=T s=SECONDS msg=...`` and, with
 ``--hashes``, writes OUT.R.json: [[epoch, step, ids, sha256 of the batch's bytes]...].
 ``--fault unlink``: rank 0 deletes the last dataset file after the index is built
 (a persistent ENOENT for whoever reads it). ``--kill R:POINT[:N]``: rank R SIGKILLs
@@ -16,6 +16,9 @@ rank that meets a FeedlineError prints its outcome and exits normally (the exit 
 must then keep the job from hanging); without it the error escapes.
 ``--inject KIND:COUNT[:SECONDS]``: rank 0 tells the storage emulator whose view DATA
 is to inject that fault into reads of ``data_batch*`` files once the index is built.
+``--fail R:STEP``: rank R's source raises StorageError(EIO) at STEP (a failure on one
+rank only). ``--user-allreduce``: a blocking ``allreduce`` after every batch, as a
+training step's gradient averaging.
 ``--checkpoint`` writes rank 0's state after every batch; ``--resume`` loads one.
 """
 
@@ -32,6 +35,18 @@ import time
 from mpi4py import MPI
 
 from feedline import FeedlineError, Loader, open_dataset
+
+
+REPORT: list[str] = []
+
+
+def report(rank: int, line: str) -> None:
+    """Print the outcome line, and write it to REPORT[0].RANK.txt (a launcher that kills
+    the job may drop the last lines of stdout)."""
+    print(line, flush=True)
+    if REPORT:
+        with open(f"{REPORT[0]}.{rank}.txt", "w") as f:
+            f.write(line + "\n")
 
 
 def _die() -> None:
@@ -75,13 +90,13 @@ def arm_kill(point: str, n: int) -> None:
 
         W.Token.acquire = acquire
     elif point == "handoff":
-        orig_e = N.NodeSource._enter
+        orig_e = N.NodeWindowSource._enter
 
         def enter(self, P, r):
             hit()
             return orig_e(self, P, r)
 
-        N.NodeSource._enter = enter
+        N.NodeWindowSource._enter = enter
     elif point != "step":
         raise SystemExit(f"unknown kill point {point}")
 
@@ -101,7 +116,12 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=0.0)
     ap.add_argument("--source", default=None)
     ap.add_argument("--catch", action="store_true")
+    ap.add_argument("--report", default=None)
+    ap.add_argument("--fail", default=None, help="RANK:STEP: that rank's source raises EIO")
+    ap.add_argument("--user-allreduce", action="store_true", help="a blocking allreduce per step")
     a = ap.parse_args()
+    if a.report:
+        REPORT.append(a.report)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     with open(os.path.join(a.data, ".feedline-make.json")) as f:
@@ -132,6 +152,24 @@ def main() -> None:
         if rank == 0:
             os.unlink(ds.files[-1])
         comm.Barrier()
+    if a.fail and rank == int(a.fail.split(":")[0]):
+        import feedline.pipeline.direct  # noqa: F401 - registers the sources
+        import feedline.pipeline.grouped  # noqa: F401
+        import feedline.pipeline.node  # noqa: F401
+        import feedline.sources.lmdbio  # noqa: F401
+        from feedline.errors import StorageError
+        from feedline.pipeline import source as S
+
+        at = int(a.fail.split(":")[1])
+        for cls in list(S.SOURCES.values()):
+            orig = cls.get
+
+            def get(self, step, _orig=orig):
+                if step == at:
+                    raise StorageError(ds.files[0], 4096 * step, 5)
+                return _orig(self, step)
+
+            cls.get = get
     kw = {"source": a.source} if a.source else {}
     t0 = time.monotonic()
     rec = []
@@ -149,6 +187,8 @@ def main() -> None:
                     h = hashlib.sha256(raw.tobytes() if hasattr(raw, "tobytes") else raw)
                     rec.append([epoch, int(b.step), [int(i) for i in b.ids], h.hexdigest()])
                     done += 1
+                    if a.user_allreduce:  # a training step's gradient allreduce (blocking)
+                        comm.allreduce(done)
                     if a.checkpoint and rank == 0:
                         tmp = a.checkpoint + ".tmp"
                         with open(tmp, "w") as f:
@@ -159,7 +199,7 @@ def main() -> None:
     except FeedlineError as e:
         dt = time.monotonic() - t0
         msg = str(e).replace("\n", " ")[:300]
-        print(f"OUTCOME rank={rank} kind=error type={type(e).__name__} s={dt:.2f} msg={msg}", flush=True)
+        report(rank, f"OUTCOME rank={rank} kind=error type={type(e).__name__} s={dt:.2f} msg={msg}")
         if a.hashes:
             with open(f"{a.hashes}.{rank}.json", "w") as f:
                 json.dump(rec, f)
@@ -167,7 +207,7 @@ def main() -> None:
             raise
         return
     dt = time.monotonic() - t0
-    print(f"OUTCOME rank={rank} kind=ok type=- s={dt:.2f} msg=steps {done}", flush=True)
+    report(rank, f"OUTCOME rank={rank} kind=ok type=- s={dt:.2f} msg=steps {done}")
     if a.hashes:
         with open(f"{a.hashes}.{rank}.json", "w") as f:
             json.dump(rec, f)

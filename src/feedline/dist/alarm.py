@@ -18,6 +18,11 @@ when the Loader has a ``timeout_s`` (a stalled peer's own ``StorageTimeoutError`
 raised at ``timeout_s``, arrives first), else ``FEEDLINE_PEER_TIMEOUT_S`` (600 s by
 default); past it the wait raises :class:`PeerTimeoutError`.
 
+*Shared memory.* The host's first rank removes the names of MPICH's start-up
+shared-memory segments once every rank mapped them (:func:`unlink_mapped_shm`), so a
+job whose ranks are killed leaves nothing in ``/dev/shm`` (window segments are
+unlinked by MPICH itself as soon as they are mapped).
+
 *The exit guard.* MPI cannot finish (``MPI_Finalize``) while a rank is dead or blocked:
 after a failure, a plain exit hangs. At interpreter exit (before mpi4py finalizes), a
 rank that failed, heard of a failure, or let a ``FeedlineError`` escape does a bounded
@@ -64,6 +69,28 @@ class Interrupted(Exception):
     """A wait was interrupted by its caller's stop flag (a source being stopped)."""
 
 
+def unlink_mapped_shm(prefix: str = "/dev/shm/mpich_shm_") -> list[str]:
+    """Remove the names of MPICH's start-up shared-memory segments this process maps.
+
+    MPICH unlinks them in ``MPI_Finalize``; a job whose ranks are killed never gets
+    there and leaves them in ``/dev/shm`` for good. Every local rank mapped them during
+    ``MPI_Init`` (called after a collective, so all have), and the mappings stay valid
+    without the names. Returns the paths removed."""
+    gone = []
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split(None, 5)[-1].strip() for ln in f if prefix in ln}
+    except OSError:
+        return gone
+    for p in sorted(paths):
+        if not p.startswith(prefix) or p.endswith("(deleted)"):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+            gone.append(p)
+    return gone
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -89,6 +116,8 @@ class Alarm:
         host = socket.gethostname()
         peers = self.comm.allgather((host, os.getpid()))  # startup: a blocking collective
         self._local = {r: pid for r, (h, pid) in enumerate(peers) if h == host and r != self.rank}
+        if all(r > self.rank for r in self._local):  # the host's first rank
+            unlink_mapped_shm()
         self._buf = np.zeros(_MSG_BYTES, dtype=np.uint8)
         self._recv = self.comm.Irecv(self._buf, source=_any_source(), tag=_ALARM_TAG)
         self._sends: list[tuple[Any, Any]] = []
