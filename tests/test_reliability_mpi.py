@@ -173,10 +173,6 @@ POINTS = {
 }
 
 
-def _shm() -> set[str]:
-    return {f for f in os.listdir("/dev/shm") if f.startswith("mpich_shm_")}
-
-
 def check_kill(lmdb_data, tmp, name: str, victim: int, point: str, cleanup: bool) -> None:
     tag = f"{name}-{victim}-{point.replace(':', '')}-{int(cleanup)}"
     data = fresh_copy(lmdb_data, tmp, tag)
@@ -185,7 +181,6 @@ def check_kill(lmdb_data, tmp, name: str, victim: int, point: str, cleanup: bool
     out, _, rc, log = launch([*base_args, "--hashes", base_h], tmp, f"base-{tag}")
     assert rc == 0 and len(out) == P, log
     files_before = sorted(os.listdir(data))
-    shm_before = _shm()
     ckpt = os.path.join(str(tmp), f"ckpt-{tag}.json")
     out, wall, rc, log = launch(
         [*base_args, "--kill", f"{victim}:{point}", "--checkpoint", ckpt], tmp, f"kill-{tag}", cleanup
@@ -196,7 +191,11 @@ def check_kill(lmdb_data, tmp, name: str, victim: int, point: str, cleanup: bool
         assert r != victim
         assert secs < 60 and (kind == "ok" or typ in TYPED), (r, kind, typ, msg)
     time.sleep(0.5)
-    assert not (_shm() - shm_before), f"{tag}: shared memory left: {_shm() - shm_before}"
+    with open(os.path.join(str(tmp), f"rep-kill-{tag}.shm")) as f:
+        mapped = json.load(f)  # what the victim mapped when it was killed
+    assert mapped, "the victim mapped no shared memory?"
+    left = [p for p in mapped if os.path.exists(p)]
+    assert not left, f"{tag}: shared memory left: {left}"
     assert sorted(os.listdir(data)) == files_before, "files left in the dataset directory"
     # the last checkpoint resumes exactly: the rest of both epochs, the same bytes
     res_h = os.path.join(str(tmp), f"res-{tag}")

@@ -50,6 +50,11 @@ def report(rank: int, line: str) -> None:
 
 
 def _die() -> None:
+    if REPORT:  # the shared-memory files this job maps, for the leak check
+        with open("/proc/self/maps") as f:
+            shm = sorted({ln.split(None, 5)[-1].strip() for ln in f if "/dev/shm/" in ln})
+        with open(f"{REPORT[0]}.shm", "w") as f:
+            json.dump([p.replace(" (deleted)", "") for p in shm], f)
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
