@@ -48,7 +48,9 @@ pytestmark = [
     pytest.mark.skipif(_why_not is not None, reason=f"emulator unavailable: {_why_not}"),
 ]
 
-FAST = EmulatorParams(latency_us=100, node_mbps=4000, aggregate_mbps=8000, server_mbps=4000, seek_us=100)
+FAST = EmulatorParams(
+    latency_us=100, node_mbps=4000, aggregate_mbps=8000, server_mbps=4000, seek_us=100
+)
 TYPED = {
     "StorageError",
     "CorruptDataError",
@@ -76,8 +78,11 @@ NON_STORE = (
     "lmm-dio-prov-coal",
     "lmm-dio-prov-coal-stag",
 )
-QUICK = {1: ("tf", list(KINDS)), 2: ("feedline", ["eio-transient", "eio-persistent", "stall"]),
-         4: ("lmm-dio-prov-coal-stag", ["eintr", "estale", "stall"])}
+QUICK = {
+    1: ("tf", list(KINDS)),
+    2: ("feedline", ["eio-transient", "eio-persistent", "stall"]),
+    4: ("lmm-dio-prov-coal-stag", ["eintr", "estale", "stall"]),
+}
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +99,19 @@ def run(
     env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1")
     env["FEEDLINE_NODES"] = "2" if P >= 4 else "0"
     out = os.path.join(str(tmp), f"{tag}-{P}-{preset}")
-    cmd = [mpiexec_command(), "-n", str(P), sys.executable, RUN, str(emu.node_path(0)), preset,
-           "--hashes", out, "--batch", "16"]
+    cmd = [
+        mpiexec_command(),
+        "-n",
+        str(P),
+        sys.executable,
+        RUN,
+        str(emu.node_path(0)),
+        preset,
+        "--hashes",
+        out,
+        "--batch",
+        "16",
+    ]
     if timeout:
         cmd += ["--timeout", str(timeout)]
     if inject:
@@ -105,7 +121,9 @@ def run(
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     wall = time.monotonic() - t0
     outcomes = {}
-    for m in re.finditer(r"OUTCOME rank=(\d+) kind=(\w+) type=(\S+) s=([\d.]+) msg=(.*)", proc.stdout):
+    for m in re.finditer(
+        r"OUTCOME rank=(\d+) kind=(\w+) type=(\S+) s=([\d.]+) msg=(.*)", proc.stdout
+    ):
         outcomes[int(m.group(1))] = (m.group(2), m.group(3), float(m.group(4)), m.group(5))
     hashes = {}
     for r in range(P):
@@ -113,7 +131,11 @@ def run(
         if os.path.exists(p):
             with open(p) as f:
                 hashes[r] = {tuple(x[:2]): x[3] for x in json.load(f)}
-    return {"outcomes": outcomes, "hashes": hashes, "rc": proc.returncode}, wall, proc.stdout + proc.stderr[-3000:]
+    return (
+        {"outcomes": outcomes, "hashes": hashes, "rc": proc.returncode},
+        wall,
+        proc.stdout + proc.stderr[-3000:],
+    )
 
 
 def check_case(emu, P, preset, case, tmp, baselines) -> str:

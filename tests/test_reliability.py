@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
-from loader_common import make_records  # noqa: E402
+from loader_common import make_records
 
-from feedline import ConcurrencyError, ConfigError, Loader  # noqa: E402
-from feedline.plan.strategy import PRESETS  # noqa: E402
+from feedline import ConcurrencyError, ConfigError, Loader
+from feedline.plan.strategy import PRESETS
 
 N, SIZE = 240, 32
 ALL_PRESETS = [p for p in PRESETS if p not in ("deepio-ordered", "deepio-opportunistic")] + [
@@ -130,7 +130,7 @@ def test_fork_after_first_use_raises_in_child_and_never_hangs(data, preset):
         except BaseException as e:  # pragma: no cover - reported through the pipe
             os.write(w, repr(e).encode()[:500])
         finally:
-            os._exit(code)  # noqa: B012 - the child must never return into pytest
+            os._exit(code)
     os.close(w)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -76,7 +76,9 @@ def launch(args: list[str], tmp, tag: str, cleanup: bool = True, timeout: float 
         f = f"{rep}.{r}.txt"
         if os.path.exists(f):
             with open(f) as fh:
-                m = re.match(r"OUTCOME rank=(\d+) kind=(\w+) type=(\S+) s=([\d.]+) msg=(.*)", fh.read())
+                m = re.match(
+                    r"OUTCOME rank=(\d+) kind=(\w+) type=(\S+) s=([\d.]+) msg=(.*)", fh.read()
+                )
             assert m, f
             outcomes[r] = (m.group(2), m.group(3), float(m.group(4)), m.group(5))
     return outcomes, wall, p.returncode, p.stdout + p.stderr[-4000:]
@@ -99,7 +101,7 @@ def check_agreement(lmdb_data, tmp, name: str, catch: bool) -> None:
     args = [data, *preset_args(name), "--fault", "unlink", "--batch", "8"]
     if catch:
         args.append("--catch")
-    out, wall, rc, log = launch(args, tmp, f"agree-{name}-{catch}")
+    out, wall, _, log = launch(args, tmp, f"agree-{name}-{catch}")
     assert wall < 60, f"{name}: {wall:.0f} s\n{log}"
     assert len(out) == P, f"{name}: not every rank raised\n{log}"
     for r, (kind, typ, secs, msg) in out.items():
@@ -129,9 +131,7 @@ def test_persistent_error_every_rank_raises_typed_full(lmdb_data, tmp_path, name
 
 
 @pytest.mark.parametrize("name", ["tf", "feedline"])
-def test_one_rank_fails_while_the_others_block_in_a_training_collective(
-    lmdb_data, tmp_path, name
-):
+def test_one_rank_fails_while_the_others_block_in_a_training_collective(lmdb_data, tmp_path, name):
     """rank 1 fails at step 3; the others block in a blocking allreduce (a gradient
     step): the exit guard waits 10 s for them, then MPI_Abort with a message."""
     out, wall, rc, log = launch(
@@ -183,7 +183,10 @@ def check_kill(lmdb_data, tmp, name: str, victim: int, point: str, cleanup: bool
     files_before = sorted(os.listdir(data))
     ckpt = os.path.join(str(tmp), f"ckpt-{tag}.json")
     out, wall, rc, log = launch(
-        [*base_args, "--kill", f"{victim}:{point}", "--checkpoint", ckpt], tmp, f"kill-{tag}", cleanup
+        [*base_args, "--kill", f"{victim}:{point}", "--checkpoint", ckpt],
+        tmp,
+        f"kill-{tag}",
+        cleanup,
     )
     assert wall < 60, f"{tag}: the job ran {wall:.0f} s\n{log}"
     assert rc != 0, f"{tag}: the kill point was never reached\n{log}"
@@ -224,12 +227,12 @@ def test_kill_matrix_quick(lmdb_data, tmp_path, name, victim, point, cleanup):
 @pytest.mark.full
 @pytest.mark.parametrize("cleanup", [True, False])
 @pytest.mark.parametrize("victim", [0, 1, 2, 3])
-@pytest.mark.parametrize(
-    ("name", "point"), [(n, p) for n, pts in POINTS.items() for p in pts]
-)
+@pytest.mark.parametrize(("name", "point"), [(n, p) for n, pts in POINTS.items() for p in pts])
 def test_kill_matrix_full(lmdb_data, tmp_path, name, point, victim, cleanup):
-    if point.startswith(("token", "handoff", "collective")) and victim in (1, 3) and not (
-        name == "feedline-node" or name == "lmm"
+    if (
+        point.startswith(("token", "handoff", "collective"))
+        and victim in (1, 3)
+        and not (name == "feedline-node" or name == "lmm")
     ):
         pytest.skip("this rank never reaches that point (not a reader)")
     check_kill(lmdb_data, tmp_path, name, victim, point, cleanup)
@@ -244,9 +247,25 @@ def test_train_torch_example_ends_after_an_error(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", FEEDLINE_POLL_SLEEP_US="500")
     env.pop("FEEDLINE_NODES", None)
     example = os.path.join(HERE, "..", "examples", "train_torch.py")
-    cmd = [mpiexec_command(), "-n", "2", sys.executable, example, "--data",
-           str(tmp_path / "cifar"), "--samples", "96", "--batch", "16", "--epochs", "1",
-           "--fail-rank", "1", "--fail-after", "2"]
+    cmd = [
+        mpiexec_command(),
+        "-n",
+        "2",
+        sys.executable,
+        example,
+        "--data",
+        str(tmp_path / "cifar"),
+        "--samples",
+        "96",
+        "--batch",
+        "16",
+        "--epochs",
+        "1",
+        "--fail-rank",
+        "1",
+        "--fail-after",
+        "2",
+    ]
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     wall = time.monotonic() - t0

@@ -96,7 +96,11 @@ class StorageTimeoutError(StorageError):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], offset: int, timeout_s: float, message: str | None = None
+        self,
+        path: str | os.PathLike[str],
+        offset: int,
+        timeout_s: float,
+        message: str | None = None,
     ) -> None:
         self.timeout_s = float(timeout_s)
         msg = message or (

@@ -36,7 +36,6 @@ from mpi4py import MPI
 
 from feedline import FeedlineError, Loader, open_dataset
 
-
 REPORT: list[str] = []
 
 
@@ -158,9 +157,9 @@ def main() -> None:
             os.unlink(ds.files[-1])
         comm.Barrier()
     if a.fail and rank == int(a.fail.split(":")[0]):
-        import feedline.pipeline.direct  # noqa: F401 - registers the sources
-        import feedline.pipeline.grouped  # noqa: F401
-        import feedline.pipeline.node  # noqa: F401
+        import feedline.pipeline.direct
+        import feedline.pipeline.grouped
+        import feedline.pipeline.node
         import feedline.sources.lmdbio  # noqa: F401
         from feedline.errors import StorageError
         from feedline.pipeline import source as S
@@ -188,8 +187,7 @@ def main() -> None:
             for epoch in range(start, start + a.epochs):
                 ld.set_epoch(epoch)
                 for b in ld:
-                    raw = b.data if hasattr(b.data, "tobytes") else b.data
-                    h = hashlib.sha256(raw.tobytes() if hasattr(raw, "tobytes") else raw)
+                    h = hashlib.sha256(b.data.tobytes())
                     rec.append([epoch, int(b.step), [int(i) for i in b.ids], h.hexdigest()])
                     done += 1
                     if a.user_allreduce:  # a training step's gradient allreduce (blocking)

@@ -578,11 +578,15 @@ class World:
         data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
         counts = np.zeros(comm.Get_size(), dtype=np.int64)
         what = "the other ranks' allgather"
-        self.wait(comm.Iallgather(np.array([data.size], dtype=np.int64), counts), stop=stop, what=what)
+        self.wait(
+            comm.Iallgather(np.array([data.size], dtype=np.int64), counts), stop=stop, what=what
+        )
         displs = np.zeros_like(counts)
         np.cumsum(counts[:-1], out=displs[1:])
         out = np.empty(int(counts.sum()), dtype=np.uint8)
-        self.wait(comm.Iallgatherv(data, [out, (counts, displs), _mpi().BYTE]), stop=stop, what=what)
+        self.wait(
+            comm.Iallgatherv(data, [out, (counts, displs), _mpi().BYTE]), stop=stop, what=what
+        )
         return [pickle.loads(out[d : d + c].tobytes()) for d, c in zip(displs, counts, strict=True)]
 
     def bcast_seed(self, seed: int | None = None) -> int:

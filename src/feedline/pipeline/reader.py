@@ -308,7 +308,9 @@ class ExtentReader:
             raise ValueError("read list overflows its destination buffer")
         if self.abandoned is not None:
             raise StorageTimeoutError(
-                self.files[int(reads.file_ids[0])], int(reads.offsets[0]), self.timeout_s,
+                self.files[int(reads.file_ids[0])],
+                int(reads.offsets[0]),
+                self.timeout_s,
                 f"this reader abandoned a stalled read: {self.abandoned}",
             )
         fut = self._impl.submit(reads, buf)
@@ -351,7 +353,7 @@ _ABANDONED: list[tuple[Any, Any, Any]] = []
 class _Bounded:
     """A read's future whose ``result()`` waits at most the reader's ``timeout_s``."""
 
-    __slots__ = ("_reader", "_fut", "_buf", "_path", "_off", "_t0")
+    __slots__ = ("_buf", "_fut", "_off", "_path", "_reader", "_t0")
 
     def __init__(self, reader: ExtentReader, fut: Any, buf: Any, path: str, off: int) -> None:
         self._reader, self._fut, self._buf = reader, fut, buf

@@ -31,8 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
-from ..errors import FeedlineError, StorageTimeoutError
 from ..dist.alarm import Interrupted
+from ..errors import FeedlineError, StorageTimeoutError
 from .source import RawBatch, Source
 
 _POLL = 0.05  # seconds between checks of the stop flag while blocked
