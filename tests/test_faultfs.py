@@ -185,3 +185,38 @@ def test_fault_family_full(emu, tmp_path, P, preset):
     baselines: dict = {}
     for case in KINDS:
         check_case(emu, P, preset, case, tmp_path, baselines)
+
+
+@pytest.mark.parametrize("preset", ["tf", "feedline", "async-db", "lmm-dio-prov-coal"])
+def test_stall_is_bounded_by_timeout_and_close_does_not_wait(emu, preset):
+    """A 45 s stall with timeout_s=2, one process: StorageTimeoutError in about 2 s,
+    close() at once, the Loader refuses to iterate again, a new one works after."""
+    import json as _json
+
+    from feedline import ConfigError, Loader, StorageTimeoutError, open_dataset
+
+    root = str(emu.node_path(0))
+    with open(os.path.join(root, ".feedline-make.json")) as f:
+        m = _json.load(f)
+    ds = open_dataset(root, format=m["format"], **m.get("open_options", {}))
+    _ = ds.index
+    ld = Loader(ds, 16, preset=preset, timeout_s=2, decode=False)
+    emu.drop_caches()
+    emu.fault("stall", "data_batch", seconds=45)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StorageTimeoutError, match="within 2 s"):
+            for _ in ld:
+                pass
+        took = time.monotonic() - t0
+        t1 = time.monotonic()
+        ld.close()
+        closed = time.monotonic() - t1
+        assert 1.5 < took < 8, took
+        assert closed < 1.0, closed
+        with pytest.raises(ConfigError, match="closed"):
+            iter(ld)
+    finally:
+        emu.clear_faults()
+    with Loader(ds, 16, preset=preset, timeout_s=2, decode=False) as fresh:
+        assert sum(len(b.ids) for b in fresh) == 600

@@ -220,3 +220,50 @@ def test_retry_count_and_backoff_come_from_the_defaults(monkeypatch, tmp_path):
     monkeypatch.setenv("FEEDLINE_IO_RETRY_BACKOFF_MS", "-1")
     with pytest.raises(ConfigError):
         IOEngine([str(p)], threads=1)
+
+
+def test_engine_abandon_does_not_wait_for_a_blocked_read(tmp_path):
+    """A read blocked in the kernel (a FIFO with no writer blocks open/read like a hung
+    server): ``abandon()`` returns at once, the thread finishes later in the background."""
+    from feedline.io.engine import IOEngine
+
+    fifo = str(tmp_path / "stuck")
+    os.mkfifo(fifo)
+    eng = IOEngine([fifo], threads=1, method="pread")
+    buf = np.zeros(4096, np.uint8)
+    fut = eng.submit(([0], [0], [16]), buf)
+    assert not fut.wait(0.3)  # blocked
+    t0 = time.monotonic()
+    eng.abandon()
+    assert time.monotonic() - t0 < 0.5
+    assert eng.closed
+    # release the detached thread: a writer appears and sends the bytes
+    fd = os.open(fifo, os.O_WRONLY)
+    os.write(fd, b"x" * 16)
+    os.close(fd)
+    assert fut.wait(10)
+
+
+def test_reader_timeout_raises_storage_timeout_and_close_returns(tmp_path):
+    """ExtentReader with timeout_s over a read that never completes (a FIFO)."""
+    from feedline.errors import StorageTimeoutError
+    from feedline.pipeline.reader import ExtentReader, ReadList
+
+    fifo = str(tmp_path / "stuck")
+    os.mkfifo(fifo)
+    rd = ExtentReader([fifo], 1, "pread", timeout_s=0.5)
+    buf = np.zeros(64, np.uint8)
+    z = np.zeros(1, np.int64)
+    t0 = time.monotonic()
+    with pytest.raises(StorageTimeoutError, match=r"no reply from storage within 0\.5 s") as ei:
+        rd.read(ReadList(np.zeros(1, np.int64), z, np.array([16]), z), buf)
+    assert 0.4 < time.monotonic() - t0 < 3
+    assert ei.value.path == fifo and ei.value.errno == 110
+    with pytest.raises(StorageTimeoutError, match="abandoned"):
+        rd.read(ReadList(np.zeros(1, np.int64), z, np.array([16]), z), np.zeros(64, np.uint8))
+    t0 = time.monotonic()
+    rd.close()
+    assert time.monotonic() - t0 < 0.5
+    fd = os.open(fifo, os.O_WRONLY)  # let the background thread finish
+    os.write(fd, b"y" * 16)
+    os.close(fd)
