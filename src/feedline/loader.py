@@ -36,6 +36,7 @@ from .errors import (
 )
 from .pipeline import state as _state
 from .pipeline.options import PipelineOptions, default_buffer, pipeline_options
+from .pipeline.passes import _AGREEING
 from .pipeline.passes import Epoch as _Epoch
 from .pipeline.runner import EpochRun, inline_run
 from .pipeline.source import SOURCES, RawBatch, Source, SourceContext, source_name_for
@@ -431,7 +432,7 @@ class Loader:
         try:
             return self._iter_locked()
         except Exception as e:
-            if self._alarm is not None:
+            if self._alarm is not None and self._source_name not in _AGREEING:
                 self._alarm.announce(e)  # peers may already wait for this rank
             raise
         finally:

@@ -135,6 +135,8 @@ class Alarm:
         with self._lock:
             if self.announced is not None or self.failure is not None or self.forked():
                 return
+            if self.comm is None:  # closed
+                return
             if isinstance(exc, PeerFailedError):
                 return  # heard, not caused: the failed rank tells everyone itself
             self.announced = exc
@@ -168,7 +170,7 @@ class Alarm:
         """Raise :class:`PeerFailedError` if a peer announced a failure or died."""
         if self.failure is not None:
             raise self.failure
-        if self.forked():
+        if self.forked() or self.comm is None:
             return
         with self._lock:
             done = self._recv.Test() if self._recv is not None else False
@@ -236,13 +238,30 @@ class Alarm:
                 raise
             time.sleep(pause)
 
+    def close(self) -> None:
+        """Release the channel when nothing went wrong (a failed job keeps it for the
+        exit guard). Not collective in practice (MPICH frees a communicator locally)."""
+        if self.in_error() or self.forked() or self.comm is None:
+            return
+        with self._lock:
+            if self._recv is not None:
+                with contextlib.suppress(Exception):
+                    self._recv.Cancel()
+                    self._recv.Wait()
+                self._recv = None
+            with contextlib.suppress(Exception):
+                self.comm.Free()
+            self.comm = None
+        with contextlib.suppress(ValueError):
+            _ALARMS.remove(self)
+
     # ---------------------------------------------------------------- exit
     def in_error(self) -> bool:
         return self.announced is not None or self.failure is not None
 
     def exit_check(self, escaped: BaseException | None) -> str | None:
         """At exit: None when MPI can finalize, else why it must abort."""
-        if self.forked():
+        if self.forked() or self.comm is None:
             return None
         with contextlib.suppress(FeedlineError):
             self.poll()  # hear late news before deciding

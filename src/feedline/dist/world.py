@@ -512,7 +512,10 @@ class World:
         return self._token_comm
 
     def close(self) -> None:
-        """Free the communicators this World created (the alarm stays until exit)."""
+        """Free the communicators this World created (the alarm stays until exit if a
+        failure went through it)."""
+        if self.alarm is not None:
+            self.alarm.close()
         for name in ("node_comm", "leader_comm", "_token_comm"):
             c = getattr(self, name)
             if c is not None:

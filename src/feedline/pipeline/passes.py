@@ -15,7 +15,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: sources that carry a peer's failure to the step where it happened themselves (node
 #: window flags, the store's collectives): polling the alarm before each batch would
-#: raise PeerFailedError steps earlier on some ranks; their waits poll it instead
+#: raise PeerFailedError steps earlier on some ranks, and announcing errors their own
+#: protocol shares (and may recover from: an out-of-step pass) would poison later
+#: passes; their waits still poll it for deaths and other sources' failures
 _AGREEING = ("node", "store")
 
 
@@ -63,7 +65,7 @@ class Epoch:
                 self._run.close()
                 if isinstance(e, StorageTimeoutError):
                     lo._broken = str(e)
-                if alarm is not None:
+                if alarm is not None and lo._source_name not in _AGREEING:
                     alarm.announce(e)  # every other rank raises PeerFailedError
                 raise
             lo._on_batch(self._run, batch)
