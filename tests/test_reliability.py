@@ -7,6 +7,8 @@ close twice and use after close; retries and back-off from the defaults object."
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 import threading
 import time
@@ -106,18 +108,22 @@ def test_replaced_pass_raises_instead_of_ending_silently(data):
         assert len(list(new)) == len(ld) - 1  # iter() continues after the delivered step
 
 
-@pytest.mark.parametrize("preset", ["feedline", "tf", "async-db", "lmm-dio-prov-coal"])
-def test_fork_after_first_use_raises_in_child_and_never_hangs(data, preset):
-    ds, content = data
-    ld = Loader(ds, 8, preset=preset, seed=1, decode=False, buffer=16)
-    it = iter(ld)
-    next(it)  # threads running, buffers in use
-    r, w = os.pipe()
-    t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:  # the child: the parent's Loader raises, a new one works, exit is clean
-        code = 1
-        try:
+FORK_SCRIPT = r"""
+import os, sys, time
+sys.path.insert(0, {mpi_dir!r})
+from loader_common import open_records, write_records
+from feedline import ConcurrencyError, Loader
+paths, content = write_records({tmp!r}, {n}, {size})
+ds = open_records(paths, {size})
+preset, mode = {preset!r}, {mode!r}
+ld = Loader(ds, 8, preset=preset, seed=1, decode=False, buffer=16)
+it = iter(ld)
+next(it)  # threads running, buffers in use
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        if mode == "use":
             try:
                 next(iter(ld))
             except ConcurrencyError:
@@ -126,59 +132,65 @@ def test_fork_after_first_use_raises_in_child_and_never_hangs(data, preset):
                 raise AssertionError("the parent's Loader iterated in the child")
             with Loader(ds, 8, preset=preset, seed=1, decode=False, buffer=16) as fresh:
                 ids = sorted(int(i) for b in fresh for i in b.ids)
-            code = 0 if ids == list(range(N)) else 3
-        except BaseException as e:  # pragma: no cover - reported through the pipe
-            os.write(w, repr(e).encode()[:500])
-        finally:
-            os._exit(code)
-    os.close(w)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
-        pytest.fail("the forked child hung")
-    msg = os.read(r, 1000).decode()
-    os.close(r)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, msg)
-    assert time.monotonic() - t0 < 60
-    rest = [b for b in it]  # the parent's pass is unaffected
-    for b in rest:
-        _check_bytes(b, content)
-    ld.close()
-
-
-def test_fork_with_a_live_loader_child_exits_without_hanging(data):
-    """The child never touches the Loader and exits through the interpreter's exit
-    hooks (the parent's threads do not exist there)."""
-    ds, _ = data
-    with Loader(ds, 8, preset="feedline", seed=1, decode=False) as ld:
-        it = iter(ld)
-        next(it)
-        pid = os.fork()
-        if pid == 0:
+            code = 0 if ids == list(range({n})) else 3
+        else:  # exit through the interpreter's exit hooks without touching the Loader
             code = 0
-            try:
-                import atexit
-
-                atexit._run_exitfuncs()  # what a normal interpreter exit runs
-            except BaseException:
-                code = 1
+    finally:
+        if mode == "use":
             os._exit(code)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, 9)
-            pytest.fail("the child hung in its exit hooks")
-        assert os.WEXITSTATUS(status) == 0
-        list(it)
+    sys.exit(code)
+t0 = time.monotonic()
+while time.monotonic() - t0 < 60:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("CHILD HUNG")
+    sys.exit(2)
+for b in it:  # the parent's pass is unaffected
+    got = b.data.reshape(len(b.ids), -1)
+    assert (got == content[b.ids]).all(), "wrong bytes in the parent"
+ld.close()
+print("CHILD", os.waitstatus_to_exitcode(status), f"{{time.monotonic() - t0:.2f}}")
+"""
+
+
+def _fork(tmp_path, preset: str, mode: str) -> str:
+    code = FORK_SCRIPT.format(
+        mpi_dir=os.path.join(os.path.dirname(__file__), "mpi"),
+        tmp=str(tmp_path / "d"),
+        n=N,
+        size=SIZE,
+        preset=preset,
+        mode=mode,
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_"))}
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    return p.stdout
+
+
+@pytest.mark.parametrize("preset", ["feedline", "tf", "async-db", "lmm-dio-prov-coal"])
+def test_fork_after_first_use_raises_in_child_and_never_hangs(tmp_path, preset):
+    """The child: the parent's Loader raises ConcurrencyError, a new Loader reads the
+    whole epoch, and it exits; the parent's pass goes on with the right bytes (run in a
+    fresh interpreter: forking the test process would fork its other libraries' threads)."""
+    out = _fork(tmp_path, preset, "use")
+    m = re.search(r"CHILD (\d+) ([\d.]+)", out)
+    assert m and m.group(1) == "0", out
+    assert float(m.group(2)) < 60
+
+
+def test_fork_with_a_live_loader_child_exits_without_hanging(tmp_path):
+    """The child never touches the Loader and exits through the interpreter's exit
+    hooks (which close live Loaders: the parent's threads do not exist there)."""
+    out = _fork(tmp_path, "feedline", "exit")
+    m = re.search(r"CHILD (\d+) ([\d.]+)", out)
+    assert m and m.group(1) == "0", out
 
 
 def test_two_loaders_reiteration_close_twice_and_use_after_close(data):
