@@ -109,6 +109,8 @@ def run(
         preset,
         "--hashes",
         out,
+        "--report",
+        out,
         "--batch",
         "16",
     ]
@@ -120,11 +122,15 @@ def run(
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     wall = time.monotonic() - t0
-    outcomes = {}
-    for m in re.finditer(
-        r"OUTCOME rank=(\d+) kind=(\w+) type=(\S+) s=([\d.]+) msg=(.*)", proc.stdout
-    ):
-        outcomes[int(m.group(1))] = (m.group(2), m.group(3), float(m.group(4)), m.group(5))
+    outcomes = {}  # from the report files: the ranks' stdout lines may interleave
+    for r in range(P):
+        f = f"{out}.{r}.txt"
+        if os.path.exists(f):
+            with open(f) as fh:
+                text = fh.read()
+            m = re.match(r"OUTCOME rank=(\d+) kind=(\w+) type=(\S+) s=([\d.]+) msg=(.*)", text)
+            assert m, text
+            outcomes[r] = (m.group(2), m.group(3), float(m.group(4)), m.group(5))
     hashes = {}
     for r in range(P):
         p = f"{out}.{r}.json"
