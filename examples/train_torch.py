@@ -16,9 +16,11 @@ runs as one process. ``--log`` writes the sample ids each step trained on (for t
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
 
 import torch
@@ -26,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from feedline import open_dataset
+from feedline import FeedlineError, StorageError, open_dataset
 from feedline.torch import FeedlineDataset
 
 
@@ -87,7 +89,21 @@ def main() -> None:
     )
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     ap.add_argument("--log", default=None, help="append the ids of each step (JSON lines, rank 0)")
+    ap.add_argument("--fail-after", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--fail-rank", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    try:
+        train(a)
+    except FeedlineError as e:
+        # Let it end the process: feedline's exit hook then ends the job (MPI_Abort when
+        # the other ranks wait in a collective this rank no longer joins), see
+        # docs/reliability.md. Catching it and returning normally would hang there.
+        rank = int(os.environ.get("PMI_RANK", "0") or 0)
+        print(f"rank {rank}: data error: {e}", file=sys.stderr, flush=True)
+        raise
+
+
+def train(a) -> None:
 
     comm = mpi_comm()
     rank, size = init_ddp(comm)
@@ -132,6 +148,9 @@ def main() -> None:
             correct += int((logits.detach().argmax(1) == y).sum())
             n += len(y)
             steps_done += 1
+            if a.fail_after and steps_done == a.fail_after and rank == a.fail_rank:
+                # for tests: pretend this rank's storage failed (as a persistent EIO would)
+                raise StorageError(ds.files[0], 0, errno.EIO)
             if a.log:
                 every = comm.allgather(ids.tolist()) if comm is not None else [ids.tolist()]
                 if rank == 0:

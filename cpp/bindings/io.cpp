@@ -117,7 +117,8 @@ void register_io(nb::module_& m) {
       .def_prop_ro("chunk_bytes", [](const IoEngine& e) { return e.options().chunk_bytes; })
       .def_prop_ro("closed", &IoEngine::closed)
       .def("evict", &IoEngine::evict, Release())
-      .def("close", &IoEngine::close, Release());
+      .def("close", &IoEngine::close, Release())
+      .def("abandon", &IoEngine::abandon, Release());
 
   m.def("evict_page_cache", &evict_page_cache, nb::arg("path"), Release(),
         "Drop the cached pages of a file (posix_fadvise DONTNEED after fdatasync).");

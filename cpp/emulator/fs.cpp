@@ -15,6 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <iterator>
+#include <mutex>
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -52,6 +55,7 @@ struct Handle {
   std::uint64_t hash = 0;
   std::uint64_t size = 0;
   bool direct = false;
+  std::string rel;   // path relative to the source (fault matching)
   std::string text;  // snapshot of a control file
   Handle() = default;
   Handle(const Handle&) = delete;
@@ -383,6 +387,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   h->node = in.node;
   h->file = fs.accounting.intern(in.rel);
   h->hash = fnv1a(in.rel);
+  h->rel = in.rel;
   h->direct = (fi->flags & O_DIRECT) != 0;
   // An O_DIRECT open bypasses this node's page cache: every read becomes a request of
   // the application's size. The source is still read through the host's page cache like
@@ -420,6 +425,12 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
     prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
     slack_set = true;
   }
+  const FaultAction fault = fs.fault_for(h->rel);
+  if (fault.stall_s > 0) fs.stall(fault.stall_s);
+  if (fault.err != 0) {
+    fuse_reply_err(req, fault.err);
+    return;
+  }
   const double arrival = fs.now();
   const auto uoff = static_cast<std::uint64_t>(std::max<off_t>(off, 0));
   const std::uint64_t length = uoff >= h->size ? 0 : std::min<std::uint64_t>(size, h->size - uoff);
@@ -430,11 +441,12 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
     fuse_reply_err(req, ENOMEM);
     return;
   }
-  const ssize_t n = read_fully(h->fd, buf, size, off);
+  ssize_t n = read_fully(h->fd, buf, size, off);
   if (n < 0) {
     fuse_reply_err(req, static_cast<int>(-n));
     return;
   }
+  if (fault.shorten && n > 1) n /= 2;  // a short read: half of what was there
   RequestRecord r;
   r.arrival = arrival;
   r.modelled = charge.cost;
@@ -688,7 +700,75 @@ int Filesystem::drop_caches(int node) {
   return 0;
 }
 
+// fault KIND MATCH [count=N] [skip=K] [seconds=S] | fault clear  (docs/emulator.md)
+int Filesystem::add_fault(const std::string& line) {
+  std::vector<std::string> w;
+  for (std::size_t i = 0; i < line.size();) {
+    const std::size_t j = std::min(line.find(' ', i), line.size());
+    if (j > i) w.push_back(line.substr(i, j - i));
+    i = j + 1;
+  }
+  if (w.size() == 2 && w[1] == "clear") {
+    {
+      std::lock_guard lock(faults_mu_);
+      faults_.clear();
+      ++stall_epoch_;
+    }
+    stall_cv_.notify_all();
+    return 0;
+  }
+  if (w.size() < 3) return EINVAL;
+  Fault f;
+  f.kind = w[1];
+  f.match = w[2] == "*" ? "" : w[2];
+  static const char* kinds[] = {"eio", "estale", "enoent", "eintr", "short", "stall"};
+  if (std::find(std::begin(kinds), std::end(kinds), f.kind) == std::end(kinds)) return EINVAL;
+  for (std::size_t i = 3; i < w.size(); ++i) {
+    const std::size_t eq = w[i].find('=');
+    if (eq == std::string::npos) return EINVAL;
+    const std::string key = w[i].substr(0, eq), val = w[i].substr(eq + 1);
+    char* end = nullptr;
+    const double x = std::strtod(val.c_str(), &end);
+    if (val.empty() || *end != '\0' || x < 0 || x > 1e9) return EINVAL;
+    if (key == "count") f.count = static_cast<long>(x);
+    else if (key == "skip") f.skip = static_cast<long>(x);
+    else if (key == "seconds") f.seconds = x;
+    else return EINVAL;
+  }
+  std::lock_guard lock(faults_mu_);
+  faults_.push_back(f);
+  return 0;
+}
+
+FaultAction Filesystem::fault_for(const std::string& rel) {
+  FaultAction a;
+  std::lock_guard lock(faults_mu_);
+  for (Fault& f : faults_) {
+    if (!f.match.empty() && rel.find(f.match) == std::string::npos) continue;
+    if (f.seen++ < f.skip) continue;
+    if (f.count > 0 && f.fired >= f.count) continue;
+    ++f.fired;
+    ++faults_fired_;
+    if (f.kind == "eio") a.err = EIO;
+    else if (f.kind == "estale") a.err = ESTALE;
+    else if (f.kind == "enoent") a.err = ENOENT;
+    else if (f.kind == "eintr") a.err = EINTR;
+    else if (f.kind == "short") a.shorten = true;
+    else if (f.kind == "stall") a.stall_s = f.seconds > 0 ? f.seconds : 45.0;
+    return a;
+  }
+  return a;
+}
+
+void Filesystem::stall(double seconds) {
+  std::unique_lock lock(faults_mu_);
+  const std::uint64_t epoch = stall_epoch_;
+  stall_cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+                     [&] { return stall_epoch_ != epoch; });
+}
+
 int Filesystem::control(const std::string& line) {
+  if (line.rfind("fault ", 0) == 0) return add_fault(line);
   if (line == "reset") {
     accounting.reset();
     return 0;
@@ -730,6 +810,7 @@ std::string Filesystem::stats_json() {
                     ", \"reply_copy_us_per_mib\": " + std::to_string(copy_cost.predict(1u << 20) * 1e6) +
                     ", \"path_us\": " + std::to_string(path(0) * 1e6) +
                     ", \"path_us_per_mib\": " + std::to_string((path(1u << 20) - path(0)) * 1e6) +
+                    ", \"faults_fired\": " + std::to_string(faults_fired()) +
                     ", \"params\": " + params + ", " + accounting.totals_json() + "}\n";
   return out;
 }

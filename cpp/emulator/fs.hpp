@@ -11,11 +11,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "accounting.hpp"
 #include "model.hpp"
@@ -45,6 +47,25 @@ class CopyCost {
 
 /// An open file: a view of a source file, or a snapshot of a control file's text.
 struct Handle;
+
+/// An injected fault (control command ``fault KIND MATCH [count=N] [skip=K] [seconds=S]``):
+/// reads of files whose relative path contains MATCH ("*": all), after letting @p skip
+/// of them through, fail @p count times (0: always).
+struct Fault {
+  std::string kind;   ///< eio, estale, enoent, eintr (reply that errno), short, stall
+  std::string match;  ///< substring of the relative path; empty: every file
+  long count = 0;
+  long skip = 0;
+  double seconds = 0;  ///< stall length (default 45 s); "fault clear" ends stalls
+  long seen = 0, fired = 0;
+};
+
+/// What a read must do.
+struct FaultAction {
+  int err = 0;          ///< reply this errno instead of data
+  bool shorten = false;  ///< return half of the bytes
+  double stall_s = 0;   ///< wait this long first
+};
 
 /// Everything the command line sets.
 struct Options {
@@ -112,6 +133,14 @@ class Filesystem {
   /// Apply one control command; return 0 or an errno.
   int control(const std::string& line);
   int drop_caches(int node);
+  /// The fault a read of @p rel meets now (counts it).
+  FaultAction fault_for(const std::string& rel);
+  /// Sleep @p seconds, or until "fault clear".
+  void stall(double seconds);
+  std::uint64_t faults_fired() {
+    std::lock_guard lock(faults_mu_);
+    return faults_fired_;
+  }
 
   /// Open handles by id (the fh the kernel passes back). Shared ownership: a release
   /// that arrives while a read of the same handle is still being served (seen under
@@ -137,6 +166,12 @@ class Filesystem {
   int effective_readahead_kib_ = -1;
   // Written once by the start-up helper; reads that arrive while it measures see 0.
   std::atomic<double> path_fixed_{0.0}, path_per_byte_{0.0}, path_cap_{0.0};
+  int add_fault(const std::string& line);
+  std::mutex faults_mu_;
+  std::condition_variable stall_cv_;
+  std::vector<Fault> faults_;
+  std::uint64_t stall_epoch_ = 0;
+  std::uint64_t faults_fired_ = 0;
   std::mutex handles_mu_;
   std::unordered_map<std::uint64_t, std::shared_ptr<Handle>> handles_;
   std::uint64_t next_handle_ = 1;

@@ -429,11 +429,12 @@ IoEngine::IoEngine(std::vector<std::string> paths, IoOptions options) {
   if ((options.alignment & (options.alignment - 1)) != 0) {
     throw std::invalid_argument("alignment must be 0 or a power of two");
   }
-  state_ = std::make_unique<detail::EngineState>(std::move(paths), options);
+  state_ = std::make_shared<detail::EngineState>(std::move(paths), options);
   try {
     state_->threads.reserve(options.threads);
     for (unsigned i = 0; i < options.threads; ++i) {
-      state_->threads.emplace_back([s = state_.get()] { s->worker(); });
+      // each thread co-owns the state: an abandoned (detached) thread outlives the engine
+      state_->threads.emplace_back([s = state_] { s->worker(); });
     }
   } catch (...) {
     close();
@@ -565,7 +566,11 @@ void IoEngine::evict() const {
   }
 }
 
-void IoEngine::close() noexcept {
+void IoEngine::close() noexcept { stop(true); }
+
+void IoEngine::abandon() noexcept { stop(false); }
+
+void IoEngine::stop(bool join) noexcept {
   if (!state_) return;
   std::lock_guard close_lock(state_->close_mutex);
   if (state_->closed.exchange(true)) return;
@@ -584,12 +589,17 @@ void IoEngine::close() noexcept {
   }
   state_->queue_cv.notify_all();
   for (auto& t : state_->threads) {
-    if (t.joinable()) t.join();
+    if (!t.joinable()) continue;
+    if (join) {
+      t.join();
+    } else {
+      t.detach();
+    }
   }
   for (auto& [s, unclaimed] : cancelled) {
     if (s->remaining.fetch_sub(unclaimed, std::memory_order_acq_rel) == unclaimed) state_->finish(*s);
   }
-  state_->files.close_all();
+  if (join) state_->files.close_all();  // else when the last detached thread drops the state
 }
 
 bool IoEngine::closed() const noexcept { return state_->closed.load(std::memory_order_acquire); }

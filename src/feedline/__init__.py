@@ -11,14 +11,18 @@ from typing import Any
 
 from .dataset import Dataset, open_dataset
 from .errors import (
+    ConcurrencyError,
     ConfigError,
     CorruptDataError,
     DatasetNotFoundError,
     FeedlineError,
+    PeerFailedError,
+    PeerTimeoutError,
     StaleDatasetError,
     StateError,
     StateMismatchError,
     StorageError,
+    StorageTimeoutError,
     UnsupportedFormatError,
 )
 from .index import Index
@@ -43,6 +47,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Batch",
+    "ConcurrencyError",
     "ConfigError",
     "CorruptDataError",
     "Dataset",
@@ -50,10 +55,13 @@ __all__ = [
     "FeedlineError",
     "Index",
     "Loader",
+    "PeerFailedError",
+    "PeerTimeoutError",
     "StaleDatasetError",
     "StateError",
     "StateMismatchError",
     "StorageError",
+    "StorageTimeoutError",
     "UnsupportedFormatError",
     "open_dataset",
     "randomization_level",

@@ -42,6 +42,21 @@ KNOBS: dict[str, _Knob] = {
     ),
     "io_align": _Knob(0, "O_DIRECT alignment in bytes (0: from the file system, else 4096)"),
     "io_retries": _Knob(3, "retries of a transient I/O error (EIO...) before StorageError"),
+    "io_retry_backoff_ms": _Knob(
+        1.0, "first pause before retrying a transient I/O error, doubled per retry (1+2+4 ms)"
+    ),
+    "peer_timeout_s": _Knob(
+        600.0,
+        "longest wait for other ranks (tokens, collectives, node windows) when the Loader "
+        "has no timeout_s; ranks on the same host that die are noticed within 0.5 s",
+    ),
+    "exit_grace_s": _Knob(
+        10.0,
+        "at exit after a failure, how long ranks wait for each other before MPI_Abort",
+    ),
+    "abort_on_error": _Knob(
+        1, "1: after a failure, abort the MPI job at exit instead of hanging in MPI_Finalize"
+    ),
     "direct_above": _Knob(
         _node_ram() // 2,
         "the feedline preset reads with O_DIRECT when this node's dataset files exceed this "

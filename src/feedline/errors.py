@@ -88,6 +88,63 @@ class StorageError(FeedlineError, OSError):
         return (type(self), (self.path, self.offset, self.err, str(self.args[0])))
 
 
+class StorageTimeoutError(StorageError):
+    """A read that did not complete within ``timeout_s`` (a stalled file system).
+
+    The read is abandoned: its thread finishes in the background and its buffer is
+    never reused; the Loader that met it refuses to iterate again.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        offset: int,
+        timeout_s: float,
+        message: str | None = None,
+    ) -> None:
+        self.timeout_s = float(timeout_s)
+        msg = message or (
+            f"{os.fspath(path)} @ byte {int(offset)}: no reply from storage within "
+            f"{self.timeout_s:g} s (timeout_s); the read was abandoned"
+        )
+        super().__init__(path, offset, _errno.ETIMEDOUT, msg)
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.offset, self.timeout_s, str(self.args[0])))
+
+
+class PeerFailedError(FeedlineError):
+    """Another rank failed (its error, announced to every rank) or died.
+
+    Attributes
+    ----------
+    rank : int
+        The failed rank.
+    reason : str
+        Its error's type and text, or how it died.
+    cause : BaseException or None
+        Its exception, when it could be carried.
+    """
+
+    def __init__(self, rank: int, reason: str, cause: BaseException | None = None) -> None:
+        self.rank = int(rank)
+        self.reason = reason
+        self.cause = cause
+        super().__init__(f"rank {self.rank} failed: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.reason))
+
+
+class PeerTimeoutError(FeedlineError, TimeoutError):
+    """A wait for other ranks (token, collective, node window) exceeded its bound."""
+
+
+class ConcurrencyError(FeedlineError, RuntimeError):
+    """A Loader used in a way its concurrency contract refuses (two threads iterating
+    it at once, use in a forked child, use after close)."""
+
+
 class StateError(FeedlineError, ValueError):
     """A loader state that belongs to another dataset/configuration, or is damaged."""
 
@@ -119,13 +176,17 @@ class DatasetNotFoundError(FeedlineError, FileNotFoundError):
 
 
 __all__ = [
+    "ConcurrencyError",
     "ConfigError",
     "CorruptDataError",
     "DatasetNotFoundError",
     "FeedlineError",
+    "PeerFailedError",
+    "PeerTimeoutError",
     "StaleDatasetError",
     "StateError",
     "StateMismatchError",
     "StorageError",
+    "StorageTimeoutError",
     "UnsupportedFormatError",
 ]

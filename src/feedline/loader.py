@@ -29,9 +29,17 @@ from typing import Any
 import numpy as np
 
 from . import defaults
-from .errors import ConfigError, StateError, StateMismatchError
+from .errors import (
+    ConcurrencyError,
+    ConfigError,
+    StateError,
+    StateMismatchError,
+    StorageTimeoutError,
+)
 from .pipeline import state as _state
 from .pipeline.options import PipelineOptions, default_buffer, pipeline_options
+from .pipeline.passes import _AGREEING
+from .pipeline.passes import Epoch as _Epoch
 from .pipeline.runner import EpochRun, inline_run
 from .pipeline.source import SOURCES, RawBatch, Source, SourceContext, source_name_for
 from .pipeline.world import LoaderWorld, resolve_world
@@ -194,6 +202,12 @@ class Loader:
         opts, knobs = pipeline_options(options)
         self.options: PipelineOptions = opts
         self.dataset = dataset
+        self._pid = os.getpid()
+        #: the job's failure channel (None on one rank): see feedline.dist.alarm
+        self._alarm = getattr(self.world.dist, "alarm", None)
+        if self.world.dist is not None:
+            self.world.dist.timeout_s = float(opts.timeout_s)
+        self._next_lock = threading.Lock()  # one consumer at a time (ConcurrencyError)
         self._index = dataset.index
         self.n = len(self._index)
         self.decode = dataset.decodes if decode is None else decode
@@ -245,6 +259,7 @@ class Loader:
         self._fingerprint: str | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._broken: str | None = None  # why the Loader may not iterate again
         self._exposed_s = 0.0
         self._delivered = 0
         self._samples = 0
@@ -457,9 +472,40 @@ class Loader:
         self._step = 0
         self._chain = [[self.world.size, self.world.nodes, 0]]
 
-    def __iter__(self) -> _Epoch:
+    def _check_usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise ConcurrencyError(
+                "this Loader was created in another process (before a fork): its threads "
+                "and MPI state do not exist here; create a new Loader in the child"
+            )
         if self._closed:
             raise ConfigError("this Loader is closed")
+        if self._broken is not None:
+            raise StorageTimeoutError(
+                self.dataset.files[0],
+                -1,
+                self.options.timeout_s,
+                f"this Loader abandoned a stalled read ({self._broken}); its buffers may "
+                "still be written by that read: create a new Loader",
+            )
+
+    def __iter__(self) -> _Epoch:
+        self._check_usable()
+        if not self._next_lock.acquire(blocking=False):
+            raise ConcurrencyError(
+                "iter() while another thread is inside next() of this Loader: a Loader has "
+                "one consumer at a time (give each thread its own Loader)"
+            )
+        try:
+            return self._iter_locked()
+        except Exception as e:
+            if self._alarm is not None and self._source_name not in _AGREEING:
+                self._alarm.announce(e)  # peers may already wait for this rank
+            raise
+        finally:
+            self._next_lock.release()
+
+    def _iter_locked(self) -> _Epoch:
         self._stop_run()
         steps = len(self)
         if self._step >= steps and not self._resumed:
@@ -530,6 +576,8 @@ class Loader:
         if run is not None:
             self._exposed_s += run.exposed_s
             run.close()
+            if run.abandoned:  # a reader thread is stuck in a stalled read
+                self._broken = self._broken or "a reader thread stalled past timeout_s"
 
     # ------------------------------------------------------------------ state
     @property
@@ -687,11 +735,22 @@ class Loader:
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Stop reading and release threads, buffers and files. Idempotent."""
+        """Stop reading and release threads, buffers and files. Idempotent.
+
+        In a forked child it only marks the Loader closed: the threads, files and MPI
+        state belong to the parent."""
         if self._closed:
+            return
+        if os.getpid() != self._pid:
+            self._closed = True
             return
         self._stop_run()
         self._closed = True
+        if self._broken is not None:  # threads may still use the source: leave it as is
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+            return
         try:
             self._source.close()
         finally:
@@ -756,35 +815,11 @@ def _following(loader: Loader, epoch: int):
     return make
 
 
-class _Epoch:
-    """The iterator of one pass; dropping it (``break``) stops the loader's threads."""
-
-    def __init__(self, loader: Loader, run: EpochRun) -> None:
-        self._loader = loader
-        self._run = run
-
-    def __iter__(self) -> _Epoch:
-        return self
-
-    def __next__(self) -> Batch:
-        batch = next(self._run)
-        self._loader._on_batch(self._run, batch)
-        return batch
-
-    def __len__(self) -> int:
-        return self._run.last - self._run.next_step
-
-    def close(self) -> None:
-        """Stop this pass now (threads joined)."""
-        self._run.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self._run.close()
-
-
 def _close_all() -> None:  # at interpreter exit: never leave reader threads behind
     try:
+        alarm_mod = sys.modules.get("feedline.dist.alarm")
+        if alarm_mod is not None:  # before closing: a failed job must not wait in close()
+            alarm_mod.exit_guard()
         for loader in list(_LIVE):
             with contextlib.suppress(Exception):
                 loader.close()

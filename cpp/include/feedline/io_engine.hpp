@@ -218,11 +218,21 @@ class IoEngine {
   /// @brief Cancel queued tasks, wait for running ones, join, close files. Idempotent.
   void close() noexcept;
 
+  /**
+   * @brief Like close(), but without waiting for running tasks: the threads are
+   *        detached and finish their current read in the background (a read stalled on
+   *        a hung file system). Their destinations are written until those reads end:
+   *        the caller must keep the buffers alive and never reuse them. The files close
+   *        when the last thread ends. Idempotent; close() after it does nothing.
+   */
+  void abandon() noexcept;
+
   /// @brief True after close().
   [[nodiscard]] bool closed() const noexcept;
 
  private:
-  std::unique_ptr<detail::EngineState> state_;
+  void stop(bool join) noexcept;
+  std::shared_ptr<detail::EngineState> state_;
 };
 
 /**

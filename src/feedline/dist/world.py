@@ -22,6 +22,8 @@ import numpy as np
 from .. import defaults
 from ..errors import ConfigError, FeedlineError
 from ..plan.world import WorldSpec
+from .alarm import Alarm
+from .alarm import register as register_alarm
 
 _LAUNCHER_ENV = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 _TOKEN_TAG = 0x7EED
@@ -425,13 +427,15 @@ class Token:
         self.rounds = 0
         self._sends: list[Any] = []
         self._buf = np.zeros(1, dtype=np.int64)
+        #: an Event that interrupts a wait for the token (the source's stop request)
+        self.stop: Any = None
 
     def acquire(self) -> None:
         i = self.info
         if not i.enabled or (i.starts and self.rounds == 0):
             return
         req = self.world._tcomm.Irecv(self._buf, source=i.recv_from, tag=_TOKEN_TAG + i.label)
-        self.world.wait(req)
+        self.world.wait(req, stop=self.stop, what=f"the staggering token from rank {i.recv_from}")
 
     def release(self) -> None:
         i = self.info
@@ -455,9 +459,9 @@ class Token:
         i = self.info
         if i.enabled and i.starts and self.rounds > 0:
             req = self.world._tcomm.Irecv(self._buf, source=i.recv_from, tag=_TOKEN_TAG + i.label)
-            self.world.wait(req)
+            self.world.wait(req, stop=self.stop, what=f"the last token from rank {i.recv_from}")
         for req, _ in self._sends:
-            self.world.wait(req)
+            self.world.wait(req, stop=self.stop, what=f"rank {i.send_to} taking the token")
         self._sends.clear()
 
 
@@ -492,10 +496,15 @@ class World:
         self.emulated = emulated
         # tokens travel on their own communicator so their tags never meet the user's
         self._token_comm: Any = comm.Dup() if comm is not None else None
+        #: the failure channel every wait polls (:mod:`feedline.dist.alarm`); None
+        #: unless built with ``alarm=True`` on more than one rank
+        self.alarm: Alarm | None = None
+        #: bound of every wait for peers (0: ``FEEDLINE_PEER_TIMEOUT_S``)
+        self.timeout_s = 0.0
 
     # -------------------------------------------------------------- building
     @classmethod
-    def from_comm(cls, comm: Any = None, nodes: int | None = None) -> World:
+    def from_comm(cls, comm: Any = None, nodes: int | None = None, *, alarm: bool = False) -> World:
         """The World of *comm* (default: COMM_WORLD under an MPI launcher, else one process).
 
         Parameters
@@ -504,6 +513,9 @@ class World:
         nodes : int, optional
             Emulate this many nodes of contiguous ranks (node = rank·M // P); default
             ``FEEDLINE_NODES``, and 0 means real nodes from ``COMM_TYPE_SHARED``.
+        alarm : bool
+            Build the failure channel (:class:`~feedline.dist.alarm.Alarm`) that every
+            wait polls, and watch it at exit (the Loader's worlds).
         """
         if comm is None:
             if launched_by_mpi():
@@ -551,14 +563,21 @@ class World:
         leader_comm = comm.Split(color=0 if node_comm.Get_rank() == 0 else MPI_UNDEFINED, key=rank)
         if leader_comm == MPI.COMM_NULL:
             leader_comm = None
-        return cls(comm, nodes=M, node_comm=node_comm, leader_comm=leader_comm, emulated=emulated)
+        world = cls(comm, nodes=M, node_comm=node_comm, leader_comm=leader_comm, emulated=emulated)
+        if alarm and P > 1:
+            world.alarm = Alarm(comm)
+            register_alarm(world.alarm)
+        return world
 
     @property
     def _tcomm(self) -> Any:
         return self._token_comm
 
     def close(self) -> None:
-        """Free the communicators this World created."""
+        """Free the communicators this World created (the alarm stays until exit if a
+        failure went through it)."""
+        if self.alarm is not None:
+            self.alarm.close()
         for name in ("node_comm", "leader_comm", "_token_comm"):
             c = getattr(self, name)
             if c is not None:
@@ -566,8 +585,15 @@ class World:
                 setattr(self, name, None)
 
     # --------------------------------------------------------------- waiting
-    def wait(self, request: Any) -> Any:
-        """Complete a nonblocking MPI request by polling it with short sleeps."""
+    def wait(self, request: Any, *, stop: Any = None, what: str = "a peer") -> Any:
+        """Complete a nonblocking MPI request by polling it with short sleeps.
+
+        With an alarm the wait is bounded (``timeout_s``) and raises
+        :class:`~feedline.errors.PeerFailedError` as soon as a peer fails or dies; *stop*
+        (an Event) interrupts it (:class:`~feedline.dist.alarm.Interrupted`).
+        """
+        if self.alarm is not None:
+            return self.alarm.wait(request, timeout_s=self.timeout_s, stop=stop, what=what)
         pause = defaults.get("poll_sleep_us") * 1e-6
         while True:
             done, status = request.test()
@@ -584,13 +610,13 @@ class World:
         comm = comm if comm is not None else self.comm
         if comm is None or comm.Get_size() == 1:
             return
-        self.wait(comm.Ibarrier())
+        self.wait(comm.Ibarrier(), what="the other ranks' barrier")
 
     def node_barrier(self) -> None:
         """:meth:`barrier` over the node."""
         self.barrier(self.node_comm)
 
-    def bcast(self, obj: Any = None, root: int = 0, comm: Any = None) -> Any:
+    def bcast(self, obj: Any = None, root: int = 0, comm: Any = None, *, stop: Any = None) -> Any:
         """Broadcast a picklable object from *root* (``Ibcast`` polled)."""
         comm = comm if comm is not None else self.comm
         if comm is None or comm.Get_size() == 1:
@@ -598,28 +624,34 @@ class World:
         me = comm.Get_rank()
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if me == root else b""
         n = np.array([len(data)], dtype=np.int64)
-        self.wait(comm.Ibcast(n, root=root))
+        what = f"rank {root}'s broadcast"
+        self.wait(comm.Ibcast(n, root=root), stop=stop, what=what)
         buf = (
             np.frombuffer(data, dtype=np.uint8).copy()
             if me == root
             else np.empty(int(n[0]), np.uint8)
         )
         if n[0]:
-            self.wait(comm.Ibcast(buf, root=root))
+            self.wait(comm.Ibcast(buf, root=root), stop=stop, what=what)
         return obj if me == root else pickle.loads(buf.tobytes())
 
-    def allgather(self, obj: Any, comm: Any = None) -> list[Any]:
+    def allgather(self, obj: Any, comm: Any = None, *, stop: Any = None) -> list[Any]:
         """Gather a picklable object from every rank to every rank (polled)."""
         comm = comm if comm is not None else self.comm
         if comm is None or comm.Get_size() == 1:
             return [obj]
         data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
         counts = np.zeros(comm.Get_size(), dtype=np.int64)
-        self.wait(comm.Iallgather(np.array([data.size], dtype=np.int64), counts))
+        what = "the other ranks' allgather"
+        self.wait(
+            comm.Iallgather(np.array([data.size], dtype=np.int64), counts), stop=stop, what=what
+        )
         displs = np.zeros_like(counts)
         np.cumsum(counts[:-1], out=displs[1:])
         out = np.empty(int(counts.sum()), dtype=np.uint8)
-        self.wait(comm.Iallgatherv(data, [out, (counts, displs), _mpi().BYTE]))
+        self.wait(
+            comm.Iallgatherv(data, [out, (counts, displs), _mpi().BYTE]), stop=stop, what=what
+        )
         return [pickle.loads(out[d : d + c].tobytes()) for d, c in zip(displs, counts, strict=True)]
 
     def bcast_seed(self, seed: int | None = None) -> int:

@@ -468,6 +468,36 @@ class Emulator:
         mapped stay: close liblmdb environments and memmaps first."""
         self._control("drop" if node is None else f"drop {int(node)}")
 
+    FAULTS = ("eio", "estale", "enoent", "eintr", "short", "stall")
+
+    def fault(
+        self,
+        kind: str,
+        match: str = "*",
+        *,
+        count: int = 0,
+        skip: int = 0,
+        seconds: float = 0.0,
+    ) -> None:
+        """Inject a fault into reads of files whose path (relative to the source)
+        contains *match* (``"*"``: every file), on every node view: after *skip* such
+        reads pass, the next *count* (0: all, a persistent fault) reply ``EIO``,
+        ``ESTALE``, ``ENOENT``, ``EINTR`` (*kind* ``eio``, ...), return half of their
+        bytes (``short``), or wait *seconds* (``stall``, default 45 s) before being
+        served. Opens are not affected (ESTALE/ENOENT hit reads after a good open)."""
+        if kind not in self.FAULTS:
+            raise ConfigError(f"unknown fault {kind!r}; known: {', '.join(self.FAULTS)}")
+        if not match or any(c.isspace() for c in match):
+            raise ConfigError(f"fault match must be a non-empty word, not {match!r}")
+        cmd = f"fault {kind} {match} count={int(count)} skip={int(skip)}"
+        if seconds:
+            cmd += f" seconds={float(seconds)}"
+        self._control(cmd)
+
+    def clear_faults(self) -> None:
+        """Remove every injected fault and end the stalls in progress."""
+        self._control("fault clear")
+
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"Emulator({self.src!r} -> {self.mountpoint!r}, nodes={self.nodes}, {state})"

@@ -36,6 +36,7 @@ from ..errors import ConfigError
 METHODS = ("pread", "odirect", "mmap", "pread-random")
 _MiB = 1 << 20
 _WAIT_SLICE_S = 0.05  # waits are sliced so that Ctrl-C reaches a blocked caller
+_KEPT: list[tuple[Any, Any]] = []  # destinations of abandoned reads (IOEngine.abandon)
 
 
 @dataclass(frozen=True)
@@ -234,8 +235,9 @@ class IOEngine:
     retries : int, optional
         Retries of a transient error (EIO, ETIMEDOUT, ...) before
         :class:`~feedline.StorageError` (default ``io_retries``, ``FEEDLINE_IO_RETRIES``).
-    retry_backoff_s : float
-        First pause before a retry; doubled each time.
+    retry_backoff_s : float, optional
+        First pause before a retry; doubled each time (default ``io_retry_backoff_ms``,
+        ``FEEDLINE_IO_RETRY_BACKOFF_MS`` = 1 ms: 1 + 2 + 4 ms over the 3 retries).
 
     Notes
     -----
@@ -254,7 +256,7 @@ class IOEngine:
         *,
         alignment: int | None = None,
         retries: int | None = None,
-        retry_backoff_s: float = 0.001,
+        retry_backoff_s: float | None = None,
     ) -> None:
         if isinstance(files, str | os.PathLike):
             raise TypeError("files must be a sequence of paths, not one path")
@@ -265,6 +267,8 @@ class IOEngine:
             chunk_bytes = int(defaults.get("io_chunk_mib")) * _MiB
         alignment = int(defaults.get("io_align") if alignment is None else alignment)
         retries = int(defaults.get("io_retries") if retries is None else retries)
+        if retry_backoff_s is None:
+            retry_backoff_s = float(defaults.get("io_retry_backoff_ms")) * 1e-3
         if method not in METHODS:
             raise ConfigError(f"unknown I/O method {method!r}; expected one of {METHODS}")
         if threads < 1:
@@ -384,6 +388,14 @@ class IOEngine:
     def evict(self) -> None:
         """Drop the engine's files from the page cache (see :func:`evict`)."""
         self._impl.evict()
+
+    def abandon(self) -> None:
+        """Like :meth:`close` without waiting for running reads (a stalled file system):
+        their threads finish in the background and keep writing their destinations,
+        which stay referenced by this engine forever — never reuse them."""
+        with self._lock:
+            _KEPT.extend(self._inflight)  # the buffers outlive the engine object
+        self._impl.abandon()
 
     def close(self) -> None:
         """Cancel queued reads, wait for running ones, join the threads, close the files."""

@@ -89,7 +89,12 @@ class DirectSource(Source):
         if self._reader is None or threads != self._threads:
             if self._reader is not None:
                 self._reader.close()
-            self._reader = ExtentReader(self.ctx.dataset.files, threads, plan.strategy.read)
+            self._reader = ExtentReader(
+                self.ctx.dataset.files,
+                threads,
+                plan.strategy.read,
+                timeout_s=self.ctx.options.timeout_s,
+            )
             self._threads = threads
         self._plan = plan
         self._ops = iter_reads(plan, self.ctx.rank)

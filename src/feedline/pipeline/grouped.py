@@ -91,7 +91,9 @@ class GroupBufferSource(Source):
     # ---------------------------------------------------------------- setup
     def start(self, plan, first_step: int) -> None:
         if self._reader is None:
-            self._reader = ExtentReader(self.ctx.dataset.files, 1, plan.strategy.read)
+            self._reader = ExtentReader(
+                self.ctx.dataset.files, 1, plan.strategy.read, timeout_s=self.ctx.options.timeout_s
+            )
         new = _Pass(plan, first_step, self.ctx.rank)
         with self._cond:
             if self._finished:  # the I/O thread may still be making the expected plan

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from .. import defaults
+from ..dist.alarm import WaitBound
 from ..dist.world import FreeVote
 from ..errors import FeedlineError
 from .reader import ExtentReader, ReadList, gather
@@ -215,7 +216,10 @@ class NodeWindowSource(Source):
         key = _plan_key(plan, first_step)
         if self._is_reader and self._reader is None:
             self._reader = ExtentReader(
-                self.ctx.dataset.files, self.ctx.options.io_threads, plan.strategy.read
+                self.ctx.dataset.files,
+                self.ctx.options.io_threads,
+                plan.strategy.read,
+                timeout_s=self.ctx.options.timeout_s,
             )
         self._gen += 1
         if self._shm is None:
@@ -433,6 +437,7 @@ class NodeWindowSource(Source):
         need = _enc(g, r + 1)
         ready = slice(self._w_ready, self._w_ready + self._k)
         fail = slice(self._w_fail, self._w_fail + self._k)
+        bound = WaitBound(self.world, f"the readers of node {self._node} (window {r})")
         while True:
             if self._is_reader:
                 self._pump(P)
@@ -467,6 +472,7 @@ class NodeWindowSource(Source):
             self._check_keys(g, P.key)  # ranks in this pass number must run this plan
             if self._stop_evt.is_set():
                 raise SourceStopped()
+            bound.check()  # a failed or dead peer anywhere, or past the wait's bound
             time.sleep(self._pause)
         self._shm.sync()  # the readers' data is visible after their flags
         self._stats["node_syncs"] += 1

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptDataError, StorageError
+from ..errors import CorruptDataError, StorageError, StorageTimeoutError
 
 _RETRIES = 3  # transient errors (EINTR, EAGAIN) are retried, then reported
 
@@ -236,11 +236,20 @@ class _Native:
     pread/O_DIRECT, retries of transient errors, typed errors from ``result()``."""
 
     def __init__(self, files: list[str], threads: int, method: str) -> None:
+        from .. import defaults
         from ..io.engine import IOEngine
 
-        self._impl = IOEngine(files, threads=threads, method=method)
+        self._impl = IOEngine(
+            files,
+            threads=threads,
+            method=method,
+            retry_backoff_s=float(defaults.get("io_retry_backoff_ms")) * 1e-3,
+        )
         self.threads = threads
         self.method = method
+
+    def abandon(self) -> None:
+        self._impl.abandon()
 
     def submit(self, reads: ReadList, buf: np.ndarray) -> Any:
         return self._impl.submit(reads, buf, reads.dest)
@@ -276,26 +285,53 @@ class ExtentReader:
     over all submitted reads.
     """
 
-    def __init__(self, files: list[str], threads: int, method: str = "pread") -> None:
+    def __init__(
+        self, files: list[str], threads: int, method: str = "pread", *, timeout_s: float = 0.0
+    ) -> None:
         self._impl: Any = None
+        self.files = list(files)
+        self.timeout_s = float(timeout_s or 0.0)
+        self.abandoned: str | None = None  # why the reads were abandoned (a stall)
         try:
             self._impl = _Native(files, threads, method)
         except (ImportError, AttributeError):  # the native core is not built
             self._impl = _PreadPool(files, threads, method)
 
     def submit(self, reads: ReadList, buf: np.ndarray) -> Any:
-        """Start reading *reads* into *buf*; ``result()`` raises the typed error on failure."""
+        """Start reading *reads* into *buf*; ``result()`` raises the typed error on failure,
+        or :class:`~feedline.errors.StorageTimeoutError` after ``timeout_s``."""
         if len(reads) == 0:
             f: Future = Future()
             f.set_result(None)
             return f
         if int((reads.dest + reads.lengths).max()) > buf.nbytes:
             raise ValueError("read list overflows its destination buffer")
-        return self._impl.submit(reads, buf)
+        if self.abandoned is not None:
+            raise StorageTimeoutError(
+                self.files[int(reads.file_ids[0])],
+                int(reads.offsets[0]),
+                self.timeout_s,
+                f"this reader abandoned a stalled read: {self.abandoned}",
+            )
+        fut = self._impl.submit(reads, buf)
+        if not self.timeout_s:
+            return fut
+        return _Bounded(self, fut, buf, self.files[int(reads.file_ids[0])], int(reads.offsets[0]))
 
     def read(self, reads: ReadList, buf: np.ndarray) -> None:
         """Blocking :meth:`submit`."""
         self.submit(reads, buf).result()
+
+    def _abandon(self, fut: Any, buf: np.ndarray, why: str) -> None:
+        """Give up on a stalled read: its threads finish in the background, the buffer is
+        kept referenced forever (never reused), and every later submit raises."""
+        self.abandoned = why
+        _ABANDONED.append((fut, buf, self._impl))
+        abandon = getattr(self._impl, "abandon", None)
+        if abandon is not None:
+            abandon()
+        else:  # the Python pool: stop queueing, leave the running reads
+            self._impl._pool.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> dict[str, Any]:
         """``storage_bytes``, ``storage_ops``, ``io_s`` (busy thread-seconds), engine name."""
@@ -303,5 +339,40 @@ class ExtentReader:
         return dict(st) if isinstance(st, dict) else dict(vars(st))
 
     def close(self) -> None:
-        """Wait for reads in flight, then release threads and file descriptors."""
-        self._impl.close()
+        """Wait for reads in flight, then release threads and file descriptors (after an
+        abandoned read: nothing; the stalled threads finish in the background)."""
+        if self.abandoned is None:
+            self._impl.close()
+
+
+#: reads given up after timeout_s: (future, buffer, engine), kept so that nothing they
+#: may still write is freed or reused (the stalled threads end when the storage answers)
+_ABANDONED: list[tuple[Any, Any, Any]] = []
+
+
+class _Bounded:
+    """A read's future whose ``result()`` waits at most the reader's ``timeout_s``."""
+
+    __slots__ = ("_buf", "_fut", "_off", "_path", "_reader", "_t0")
+
+    def __init__(self, reader: ExtentReader, fut: Any, buf: Any, path: str, off: int) -> None:
+        self._reader, self._fut, self._buf = reader, fut, buf
+        self._path, self._off = path, off
+        self._t0 = time.monotonic()
+
+    def done(self) -> bool:
+        return bool(self._fut.done())
+
+    def result(self) -> Any:
+        r = self._reader
+        left = r.timeout_s - (time.monotonic() - self._t0)
+        if isinstance(self._fut, Future):  # the Python pool's
+            try:
+                return self._fut.result(timeout=max(left, 0.0))
+            except TimeoutError:
+                pass
+        elif self._fut.wait(max(left, 0.0)):
+            return self._fut.result()
+        err = StorageTimeoutError(self._path, self._off, r.timeout_s)
+        r._abandon(self._fut, self._buf, str(err))
+        raise err

@@ -31,10 +31,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
-from ..errors import FeedlineError
-from .source import RawBatch, Source, SourceStopped
+from ..dist.alarm import Interrupted
+from ..errors import FeedlineError, StorageTimeoutError
+from .source import RawBatch, Source
 
 _POLL = 0.05  # seconds between checks of the stop flag while blocked
+_GRACE_S = 1.0  # past timeout_s, how long the consumer waits for the reader's own error
 
 
 def inline_run(source: Source, depth: int) -> bool:
@@ -92,6 +94,9 @@ class EpochRun:
         self.exposed_s = 0.0
         self.delivered = 0
         self._closed = False
+        self._stalled = False  # the consumer gave up waiting (timeout_s)
+        #: True when close() left a producer thread stuck in a read (the source is unusable)
+        self.abandoned = False
         self._stop = threading.Event()
         self._inline = inline_run(source, depth)
         self._thread: threading.Thread | None = None
@@ -163,7 +168,7 @@ class EpochRun:
                     futs.popleft()
                 futs.append(self._pool.submit(self._work, raw, step))
                 step += 1
-        except SourceStopped:
+        except Interrupted:  # SourceStopped, or a wait for peers the stop flag ended
             return
         except BaseException as e:  # delivered to the consumer in order
             self._put(step, False, e)
@@ -215,10 +220,18 @@ class EpochRun:
                     item = self._done.pop(step, None)
                     if item is not None:
                         return item
-                    if self.timeout_s and time.perf_counter() - t0 > self.timeout_s:
-                        raise FeedlineError(
-                            f"no batch for step {step} within {self.timeout_s:g} s "
-                            "(storage stalled?); raise timeout_s= or check the file system"
+                    if self.timeout_s and time.perf_counter() - t0 > self.timeout_s + _GRACE_S:
+                        # reads through the engine raise their own StorageTimeoutError at
+                        # timeout_s; this is a stall elsewhere (mmap, a cursor, a peer)
+                        self._stalled = True
+                        files = getattr(getattr(self.source, "ctx", None), "dataset", None)
+                        path = files.files[0] if files is not None else "(dataset)"
+                        raise StorageTimeoutError(
+                            path,
+                            -1,
+                            self.timeout_s,
+                            f"no batch for step {step} within {self.timeout_s:g} s (timeout_s): "
+                            "the reader thread is stalled (storage, or a peer); it was abandoned",
                         )
                     t = self._thread
                     if t is not None and not t.is_alive() and not self._pending():
@@ -245,28 +258,32 @@ class EpochRun:
         self._closed = True
         natural = self.next_step >= self.last
         self._stop.set()
-        try:
-            if not natural:
-                self.source.request_stop()  # wakes a get() blocked in the producer
-            if self._thread is not None:
-                self._thread.join()
-                self._thread = None
-        finally:
-            try:
-                if natural:
-                    self.source.finish()
-                else:
-                    self.source.stop()
-            finally:
+        if not natural:
+            self.source.request_stop()  # wakes a get() blocked in the producer
+        if self._thread is not None:
+            self._thread.join(_GRACE_S if self._stalled else None)
+            if self._thread.is_alive():  # stuck in a stalled read: leave it (daemon)
+                self.abandoned = True
                 if self._pool is not None and self._own_pool:
-                    self._pool.shutdown(wait=True, cancel_futures=True)
-                elif self._pool is not None:  # a shared pool: this pass's work ends here
-                    futs = list(self._futures)
-                    for f in futs:
-                        f.cancel()
-                    wait_futures(futs)
-                self._futures.clear()
+                    self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = None
+                return  # the source is still in use by that thread: not stopped
+            self._thread = None
+        try:
+            if natural:
+                self.source.finish()
+            else:
+                self.source.stop()
+        finally:
+            if self._pool is not None and self._own_pool:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+            elif self._pool is not None:  # a shared pool: this pass's work ends here
+                futs = list(self._futures)
+                for f in futs:
+                    f.cancel()
+                wait_futures(futs)
+            self._futures.clear()
+            self._pool = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

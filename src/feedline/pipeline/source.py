@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..dist.alarm import Interrupted
 from ..errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,8 +50,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .options import PipelineOptions
 
 
-class SourceStopped(Exception):
-    """Raised inside a source's ``get`` when the Loader stops it (never reaches users)."""
+class SourceStopped(Interrupted):
+    """Raised inside a source's ``get`` when the Loader stops it (never reaches users).
+    Waits for peers interrupted by the stop flag raise the base class,
+    :class:`~feedline.dist.alarm.Interrupted`, which the Loader treats the same."""
 
 
 @dataclass(slots=True)

@@ -124,10 +124,7 @@ def _dist(comm: Any, nodes: int) -> Any:
         from ..dist.world import World
     except ImportError:
         return None
-    try:
-        return World.from_comm(comm, nodes=nodes or None)
-    except TypeError:
-        return World.from_comm(comm)
+    return World.from_comm(comm, nodes=nodes or None, alarm=True)
 
 
 def _count_nodes(comm: Any) -> int:

@@ -43,6 +43,7 @@ printed by :func:`stats_table`.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from typing import Any
 
@@ -86,6 +87,21 @@ class _Failed:
         self.exc = exc
 
 
+def _typed(exc: BaseException, path: str) -> BaseException:
+    """A reader's open failure as a StorageError naming the file (lmdb.Error, OSError)."""
+    import errno
+    import os
+
+    from ..errors import StorageError
+
+    if isinstance(exc, FeedlineError):
+        return exc
+    err = getattr(exc, "errno", None)
+    if not isinstance(err, int) or err <= 0:
+        err = errno.EIO if os.path.exists(path) else errno.ENOENT
+    return StorageError(path, 0, err, f"{path} @ byte 0: cannot open: {type(exc).__name__}: {exc}")
+
+
 def _bound(L, P: int, r):
     return r * (L // P) + np.minimum(r, L % P)
 
@@ -126,6 +142,7 @@ class LmdbioSource(Source):
         self._sends: list[Any] = []
         self._gen = 0
         self._token: Any = None
+        self._stop_evt = threading.Event()  # interrupts waits for peers (request_stop)
         self._window_bytes = 0
         self._node_syncs = 0
         self._stagger_n = 0
@@ -137,11 +154,17 @@ class LmdbioSource(Source):
 
     def _engine_for(self, method: str) -> ExtentReader:
         if self._engine is None:
-            self._engine = ExtentReader(self.ctx.dataset.files, self.ctx.options.io_threads, method)
+            self._engine = ExtentReader(
+                self.ctx.dataset.files,
+                self.ctx.options.io_threads,
+                method,
+                timeout_s=self.ctx.options.timeout_s,
+            )
         return self._engine
 
     def start(self, plan, first_step: int) -> None:
         self.stop()
+        self._stop_evt.clear()
         self._gen += 1
         st = plan.strategy
         self.mode = mode_of(st)
@@ -160,20 +183,29 @@ class LmdbioSource(Source):
         self.plan = plan
         self.first = first_step
         self.max_len = int(plan.records.max_length)
-        if self.is_reader:
-            method = "pread" if st.read == "mmap" else st.read
-            if self.mode == "cursor" and self._cursor is None:
-                self._cursor = open_cursor(self._path, self.c, lambda: self._engine_for("pread"))
-            elif self.mode == "dm" and self._spec is None:
-                self._spec = Speculative(self._path, self._engine_for("pread"), self.c)
-            elif self.mode in ("dio", "prov"):
-                self._engine_for(method)
-            elif self.mode == "index":
-                self._engine_for(st.read)
+        failure: BaseException | None = None
+        try:  # a reader that cannot open its file still joins the collectives below
+            if self.is_reader:
+                method = "pread" if st.read == "mmap" else st.read
+                if self.mode == "cursor" and self._cursor is None:
+                    self._cursor = open_cursor(
+                        self._path, self.c, lambda: self._engine_for("pread")
+                    )
+                elif self.mode == "dm" and self._spec is None:
+                    self._spec = Speculative(self._path, self._engine_for("pread"), self.c)
+                elif self.mode in ("dio", "prov"):
+                    self._engine_for(method)
+                elif self.mode == "index":
+                    self._engine_for(st.read)
+        except Exception as e:
+            failure = e
         if self.mode == "dm":
             self._ring_setup(plan)
         if self.mode == "dio":
-            self._locate_setup(plan)
+            try:
+                self._locate_setup(plan)
+            except Exception as e:
+                failure = failure or e
         if self.mode == "prov":
             self._windows_setup(plan)
         else:
@@ -181,6 +213,8 @@ class LmdbioSource(Source):
                 len(self.node_ranks) if self.aggregated else 1
             )
             self._alloc(unit * self.max_len)
+        if failure is not None:
+            raise _typed(failure, self._path) from failure
 
     def _alloc(self, half: int) -> None:
         half = max(half, 1)
@@ -221,7 +255,9 @@ class LmdbioSource(Source):
             n = int(lengths.sum())
             return RawBatch(unit_ids, half[:n].copy(), lengths)
         t0 = time.perf_counter()
-        got = self.world.allgather(failure or lengths, comm=self.world.node_comm)
+        got = self.world.allgather(
+            failure or lengths, comm=self.world.node_comm, stop=self._stop_evt
+        )
         self._wait_add("sync_wait_s", t0)
         self._node_syncs += 1
         parts = [g for g in got if g is not None]  # readers' lengths, in node-rank order
@@ -336,7 +372,13 @@ class LmdbioSource(Source):
             return None
         return WalkCursor.unpack(buf[2:])
 
+    def request_stop(self) -> None:
+        self._stop_evt.set()
+
     def _poll(self, req) -> None:
+        if self.world is not None:
+            self.world.wait(req, stop=self._stop_evt, what="the cursor hand-off")
+            return
         pause = defaults.get("poll_sleep_us") * 1e-6
         while not req.Test():
             time.sleep(pause)
@@ -363,7 +405,7 @@ class LmdbioSource(Source):
                 payload = _Failed(e)
         if self.world is not None and self.world.size > 1:
             t0 = time.perf_counter()
-            payload = self.world.bcast(payload, root=self.locator_rank)
+            payload = self.world.bcast(payload, root=self.locator_rank, stop=self._stop_evt)
             if self.ctx.rank != self.locator_rank:
                 self._wait_add("locate_wait_s", t0)
         if isinstance(payload, _Failed):
@@ -394,6 +436,7 @@ class LmdbioSource(Source):
         self._win = -1
         if self.is_reader and self._stagger_n and self.world is not None and len(plan.readers) > 1:
             self._token = self.world.token(plan.stagger(self.ctx.rank))
+            self._token.stop = self._stop_evt
 
     def _get_window(self, step: int) -> RawBatch:
         while self._win < 0 or step >= self._steps[self._win].stop:
@@ -432,18 +475,18 @@ class LmdbioSource(Source):
                     self.c["payload_read_bytes"] += op.payload
                 finally:
                     if self._token is not None:
-                        self._token.release()
-                        if r == len(self._ops) - 1:
-                            t0 = time.perf_counter()
-                            self._token.close()  # the ring's last token comes home
-                            self._wait_add("token_wait_s", t0)
+                        self._token.release()  # passed on even after a failed read
+                if self._token is not None and r == len(self._ops) - 1:
+                    t0 = time.perf_counter()
+                    self._token.close()  # the ring's last token comes home
+                    self._wait_add("token_wait_s", t0)
             except BaseException as e:
                 if not self.aggregated:
                     raise
                 failure = _Failed(e)
         if self.aggregated:
             t0 = time.perf_counter()
-            got = self.world.allgather(failure, comm=self.world.node_comm)
+            got = self.world.allgather(failure, comm=self.world.node_comm, stop=self._stop_evt)
             self._wait_add("sync_wait_s", t0)
             self._node_syncs += 1
             for g in got:

@@ -1,0 +1,85 @@
+"""The iterator of one Loader pass: the single-consumer check, the alarm poll before
+each batch and the announcement of this rank's failure (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConcurrencyError, StorageTimeoutError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .runner import EpochRun
+
+#: sources that carry a peer's failure to the step where it happened themselves (node
+#: window flags, the store's collectives): polling the alarm before each batch would
+#: raise PeerFailedError steps earlier on some ranks, and announcing errors their own
+#: protocol shares (and may recover from: an out-of-step pass) would poison later
+#: passes; their waits still poll it for deaths and other sources' failures
+_AGREEING = ("node", "store")
+
+
+class Epoch:
+    """The iterator of one pass; dropping it (``break``) stops the loader's threads."""
+
+    def __init__(self, loader: Any, run: EpochRun) -> None:
+        self._loader = loader
+        self._run = run
+        self._owner: int | None = None  # the thread consuming this pass
+
+    def __iter__(self) -> Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        lo = self._loader
+        if not lo._next_lock.acquire(blocking=False):
+            raise ConcurrencyError(
+                "two threads iterate this Loader at once: a Loader has one consumer at a "
+                "time (give each thread its own Loader)"
+            )
+        try:
+            me = threading.get_ident()
+            if self._owner is None:
+                self._owner = me
+            elif self._owner != me:
+                raise ConcurrencyError(
+                    "two threads iterate this Loader: a pass is consumed by the thread that "
+                    "started it (a Loader has one consumer at a time; give each thread its "
+                    "own Loader)"
+                )
+            run = self._run
+            if run is not lo._run and not lo._closed and run.next_step < run.last:
+                raise ConcurrencyError("this pass was replaced by a newer iter() of its Loader")
+            if os.getpid() != lo._pid or lo._broken is not None:
+                lo._check_usable()
+            alarm = lo._alarm
+            try:
+                if alarm is not None and lo._source_name not in _AGREEING:
+                    alarm.poll()  # a peer failed or died: raise now, on every rank
+                batch = next(self._run)
+            except StopIteration:
+                raise
+            except Exception as e:
+                self._run.close()
+                if isinstance(e, StorageTimeoutError):
+                    lo._broken = str(e)
+                if alarm is not None and lo._source_name not in _AGREEING:
+                    alarm.announce(e)  # every other rank raises PeerFailedError
+                raise
+            lo._on_batch(self._run, batch)
+            return batch
+        finally:
+            lo._next_lock.release()
+
+    def __len__(self) -> int:
+        return self._run.last - self._run.next_step
+
+    def close(self) -> None:
+        """Stop this pass now (threads joined)."""
+        self._run.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._run.close()
