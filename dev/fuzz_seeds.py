@@ -113,8 +113,21 @@ def _sidecar_seeds() -> list[bytes]:
 def _state_seeds() -> list[bytes]:
     import json
 
-    base = {"version": 1, "epoch": 2, "position": 17, "seed": 5, "fingerprint": "ab" * 16}
-    return [json.dumps(base).encode(), json.dumps({**base, "epoch": -1}).encode(), b"{}"]
+    base = {"epoch": 1, "step": 3, "seed": 5, "chain": [[1, 1, 0]], "world_size": 1}
+    return [
+        json.dumps(base).encode(),
+        json.dumps({**base, "step": 10**12}).encode(),
+        json.dumps({**base, "chain": [[2, 1, 0], [1, 1, 4]], "world_size": 1}).encode(),
+        json.dumps({**base, "chain": [[0, 0, 0]], "world_size": 0, "nodes": 0}).encode(),
+        json.dumps({**base, "strategy": {"assignment": "chunk"}}).encode(),
+        b"{}",
+    ]
+
+
+def _fdp_seeds() -> list[bytes]:
+    """Inputs of the targets that draw parameters with atheris' FuzzedDataProvider."""
+    rng = np.random.default_rng(3)
+    return [bytes(8), b"\xff" * 16] + [rng.bytes(int(k)) for k in (12, 40, 200, 1000)]
 
 
 #: target name -> seed generator (C++ targets first)
@@ -126,6 +139,8 @@ TARGETS = {
     "py_npy": _npy_seeds,
     "py_sidecar": _sidecar_seeds,
     "py_state": _state_seeds,
+    "py_hdf5": _fdp_seeds,
+    "py_records": _fdp_seeds,
 }
 
 
