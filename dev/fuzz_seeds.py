@@ -39,7 +39,8 @@ def _lmdb_seeds() -> list[bytes]:
                         for i in range(0, n, 7):
                             txn.delete(_key(i, long_keys))
                 env.close()
-                data = open(os.path.join(d, "data.mdb"), "rb").read()
+                with open(os.path.join(d, "data.mdb"), "rb") as f:
+                    data = f.read()
                 # trim the map's trailing zeros beyond the last used page
                 out.append(data.rstrip(b"\0") + b"\0" * 16)
                 out.append(data[: 1 << 16])
@@ -76,8 +77,13 @@ def _datum_seeds() -> list[bytes]:
 
 def _npy_seeds() -> list[bytes]:
     seeds = []
-    for arr in [np.zeros((3, 4), "<f4"), np.arange(10, dtype=">i8"), np.zeros((2, 2), "u1"),
-                np.zeros((0, 5), "<f8"), np.zeros((2,), [("a", "<i4"), ("b", "u1", (3,))])]:
+    for arr in [
+        np.zeros((3, 4), "<f4"),
+        np.arange(10, dtype=">i8"),
+        np.zeros((2, 2), "u1"),
+        np.zeros((0, 5), "<f8"),
+        np.zeros((2,), [("a", "<i4"), ("b", "u1", (3,))]),
+    ]:
         b = io.BytesIO()
         np.save(b, arr)
         seeds.append(b.getvalue())
@@ -100,13 +106,18 @@ def _sidecar_seeds() -> list[bytes]:
             f.write(bytes(range(256)) * 4)
         for keys in (None, [b"k%d" % i for i in range(4)]):
             ix = fi.Index(
-                files=[data], file_ids=np.zeros(4, np.int32), offsets=np.arange(4) * 100,
-                lengths=np.full(4, 100), labels=np.arange(4, dtype=np.int64),
-                keys=fi.Keys.from_list(keys) if keys else None, meta={"fmt": "x"},
+                files=[data],
+                file_ids=np.zeros(4, np.int32),
+                offsets=np.arange(4) * 100,
+                lengths=np.full(4, 100),
+                labels=np.arange(4, dtype=np.int64),
+                keys=fi.Keys.from_list(keys) if keys else None,
+                meta={"fmt": "x"},
             )
             p = os.path.join(d, "s.fidx")
             fi.write_sidecar(p, ix, root=d, fingerprints=[fi.fingerprint(data)], key="k")
-            seeds.append(open(p, "rb").read())
+            with open(p, "rb") as f:
+                seeds.append(f.read())
     return seeds
 
 

@@ -14,6 +14,7 @@ anything else is a finding. ``dev/fuzz`` runs these with seeds from dev/fuzz_see
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -71,12 +72,8 @@ def sidecar(data: bytes) -> None:
         with open(_SC_PATH, "wb") as f:
             f.write(raw)
         key = "k"
-        try:
+        with contextlib.suppress(FeedlineError, AttributeError):
             key = str(fidx.read_sidecar_header(_SC_PATH)[0].get("key"))
-        except FeedlineError:
-            pass
-        except AttributeError:
-            pass
         try:
             ix = fidx.load_sidecar(_SC_PATH, root=_SC_DIR, files=[_SC_DATA], key=key, check=False)
         except FeedlineError:
@@ -84,10 +81,8 @@ def sidecar(data: bytes) -> None:
         # accepted: the columns are consistent and bounded by the file
         n = len(ix)
         assert len(ix.file_ids) == len(ix.lengths) == n
-        try:
+        with contextlib.suppress(FeedlineError):
             ix.validate_against_sizes([1024])
-        except FeedlineError:
-            pass
 
 
 # ----------------------------------------------------------------------------- state
@@ -119,10 +114,8 @@ def state(data: bytes) -> None:
         base = ld.state_dict()
         merged = {**base, **{k: v for k, v in body.items() if k != "checksum"}}
         merged = {k: v for k, v in merged.items() if k not in ("checksum", "kind", "version")}
-        try:
+        with contextlib.suppress(FeedlineError, TypeError, ValueError):
             candidates.append(fstate.seal(merged))  # a well-formed seal around fuzzed fields
-        except (FeedlineError, TypeError, ValueError):
-            pass
     for cand in candidates:
         try:
             ld.load_state_dict(cand)

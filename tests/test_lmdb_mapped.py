@@ -101,8 +101,7 @@ def test_liblmdb_corrupted_error_is_typed(db):
     with open(data, "r+b") as f:  # flags: neither branch nor leaf
         f.seek(root * ps + 10)
         f.write(struct.pack("<H", 0x40))
-    with pytest.raises(CorruptDataError) as ei:
-        with Loader(ds, 16, preset="lmdb", decode=False) as ld:
-            assert sum(len(b) for b in ld) == n
+    with pytest.raises(CorruptDataError) as ei, Loader(ds, 16, preset="lmdb", decode=False) as ld:
+        assert sum(len(b.ids) for b in ld) == n
     assert ei.value.path == data and "liblmdb" in ei.value.reason
     ds.close()

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import feedline
-import feedline.formats.tfrecord  # noqa: F401  (imported before a fork drops privileges)
+import feedline.formats.tfrecord  # imported before a fork drops privileges
 from feedline.errors import CorruptDataError, StaleIndexError
 from feedline.formats.tfrecord import write_tfrecord
 from feedline.index import _HEAD, load_sidecar, read_sidecar_header
@@ -95,7 +95,7 @@ def test_edited_sidecar_never_gives_wrong_samples(tmp_path, edit):
             digit = raw[i + 5 : i + 6]
             f.write(b"9" if digit != b"9" else b"8")
     mtime = os.stat(side).st_mtime_ns
-    with pytest.raises(StaleIndexError, match="checksum|JSON"):
+    with pytest.raises(StaleIndexError, match=r"checksum|JSON"):
         len(feedline.open_dataset(path, on_stale="error"))
     with feedline.open_dataset(path) as ds:  # default: rebuilt, right bytes
         assert _read_all(ds) == payloads

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptDataError, StaleDatasetError, StaleIndexError
+from .errors import CorruptDataError, StaleIndexError
 
 SIDECAR_MAGIC = b"FEEDIDX\0"
 SIDECAR_VERSION = 2
@@ -247,12 +247,6 @@ def write_sidecar(
     }
     hbytes = json.dumps(header, sort_keys=True).encode()
     data_start = (_HEAD.size + len(hbytes) + _ALIGN - 1) // _ALIGN * _ALIGN
-    body = np.zeros(data_start - _HEAD.size + pos, dtype=np.uint8)
-    body[: len(hbytes)] = np.frombuffer(hbytes, dtype=np.uint8)
-    for name, arr in cols.items():
-        at = data_start - _HEAD.size + layout[name]["offset"]
-        body[at : at + arr.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    crc = _crc32c(body)
     directory = os.path.dirname(os.path.abspath(path))
     # Our own temporary name (not mkstemp, which forces 0600): the kernel applies the
     # umask to 0666, so the sidecar gets the permissions the user's other files get.
@@ -260,8 +254,25 @@ def write_sidecar(
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
+            crc = 0
+            at = _HEAD.size
+
+            def emit(buf: Any, upto: int | None = None) -> None:
+                nonlocal crc, at
+                if upto is not None and upto > at:  # zero padding up to an aligned start
+                    emit(bytes(upto - at))
+                view = memoryview(buf).cast("B")
+                f.write(view)
+                crc = _crc32c(view, crc)
+                at += view.nbytes
+
+            f.write(bytes(_HEAD.size))  # the head, with the CRC, is written last
+            emit(hbytes)
+            for name, arr in cols.items():
+                raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                emit(raw, data_start + layout[name]["offset"])
+            f.seek(0)
             f.write(_HEAD.pack(SIDECAR_MAGIC, SIDECAR_VERSION, crc, len(hbytes)))
-            f.write(body)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -271,10 +282,10 @@ def write_sidecar(
         raise
 
 
-def _crc32c(buf: Any) -> int:
+def _crc32c(buf: Any, crc: int = 0) -> int:
     from . import _core
 
-    return int(_core.crc32c(np.frombuffer(buf, dtype=np.uint8), 0))
+    return int(_core.crc32c(np.frombuffer(buf, dtype=np.uint8), crc))
 
 
 def _parse_head(path: str, buf: Any) -> tuple[int, int]:
@@ -366,8 +377,10 @@ def load_sidecar(
     if header.get("files") != rel:
         raise StaleIndexError(path, "the dataset's file list changed")
     fps = header.get("fingerprints")
-    if not isinstance(fps, list) or len(fps) != len(files) or not all(
-        isinstance(fp, dict) for fp in fps
+    if (
+        not isinstance(fps, list)
+        or len(fps) != len(files)
+        or not all(isinstance(fp, dict) for fp in fps)
     ):
         raise CorruptDataError(path, _HEAD.size, "sidecar header has no fingerprint per file")
     if check:

@@ -135,8 +135,10 @@ class MmapCursor:
         for k in range(steps):
             if not cur.next():
                 raise CorruptDataError(
-                    self.path, 0, f"liblmdb's cursor ends at record {self.pos + k + 1}, "
-                    f"but the database counts {self.entries} records"
+                    self.path,
+                    0,
+                    f"liblmdb's cursor ends at record {self.pos + k + 1}, "
+                    f"but the database counts {self.entries} records",
                 )
         self.pos = target
         self.c["records_walked"] += steps
