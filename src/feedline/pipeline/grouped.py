@@ -82,7 +82,7 @@ class GroupBufferSource(Source):
         self._nbuf = 1
         self._free = 0  # buffers the I/O thread may fill (pooled in _pool or not yet made)
         self._pool: list[np.ndarray] = []  # released buffers, reused (no allocation churn)
-        self._spans: dict[tuple[int, int], int] = {}
+        self._spans: dict[tuple[int, int, int], int] = {}
         self._span = 0  # bytes of each buffer: the widest group's reads
         self._peak_group = 0
         self._fills = 0
@@ -297,7 +297,7 @@ class GroupBufferSource(Source):
         in TFRecord), not g x the longest record (issue 16: async-db ran 46 % over)."""
         g = _group_size(plan)
         nbuf = max(1, int(plan.strategy.prefetch_depth) or 1)
-        key = (id(plan.records), g)
+        key = (id(plan.records), plan.n, g)
         if key not in self._spans:
             self._spans = {key: group_span(plan.records, plan.n, g)}
         return nbuf * self._spans[key]
