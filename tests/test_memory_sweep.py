@@ -88,3 +88,31 @@ def test_memory_within_cap_4_ranks(lmdb_data, tmp_path, preset):
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_memory_within_cap_every_preset(lmdb_data, tmp_path, preset, ranks):
     check(probe(lmdb_data, preset, ranks, tmp_path), preset, ranks)
+
+
+def test_group_span_is_the_widest_group_read():
+    """group_span equals the largest buffer coalesce(gap=whole) asks for over all groups,
+    with holes, several files and groups that straddle a file boundary."""
+    import numpy as np
+
+    from feedline.pipeline.grouped import _WHOLE, group_span
+    from feedline.pipeline.reader import coalesce
+    from feedline.plan.records import IndexRecords
+
+    rng = np.random.default_rng(5)
+    n = 997
+    lengths = rng.integers(1, 5000, n)
+    holes = rng.integers(0, 3000, n)
+    fids = np.repeat(np.arange(3), [400, 300, 297]).astype(np.int32)
+    offsets = np.zeros(n, np.int64)
+    for f in range(3):
+        m = fids == f
+        offsets[m] = np.cumsum(holes[m] + lengths[m]) - lengths[m]
+    rec = IndexRecords(fids, offsets, lengths)
+    for g in (1, 7, 64, 500, 2000):
+        want = 0
+        for lo in range(0, n, g):
+            fid, off, ln = rec.extents(np.arange(lo, min(n, lo + g)))
+            want = max(want, coalesce(fid, off, ln, gap=_WHOLE).buffer_bytes)
+        assert group_span(rec, n, g, block=128) == want, g
+        assert want >= int(lengths.max())
