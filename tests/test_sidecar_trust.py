@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 import feedline
-import feedline.formats.tfrecord  # imported before a fork drops privileges
 from feedline.errors import CorruptDataError, StaleIndexError
 from feedline.formats.tfrecord import write_tfrecord
 from feedline.index import _HEAD, load_sidecar, read_sidecar_header
@@ -163,32 +162,35 @@ def test_sidecar_permissions_follow_umask(tmp_path):
     assert leftovers == [], "no temporary files left behind"
 
 
-def _as_nobody(fn):
-    """Run *fn* in a forked child with uid/gid nobody; return its result (or raise its error)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(r)
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.umask(0o022)
-            out = ("ok", fn())
-        except BaseException as e:
-            out = ("err", f"{type(e).__name__}: {e}")
-        with os.fdopen(w, "wb") as f:
-            pickle.dump(out, f)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    kind, value = pickle.loads(data)
-    if kind == "err":
-        raise AssertionError(f"as nobody: {value}")
-    return value
+_CHILD = """
+import json, os, sys
+import feedline  # imported as root: the interpreter lives under /root (0700)
+import feedline.formats.tfrecord
+path = sys.argv[1]
+os.setgroups([])
+os.setgid({uid})
+os.setuid({uid})
+os.umask(0o022)
+with feedline.open_dataset(path) as ds:
+    got = [ds.read(i).hex() for i in range(len(ds))]
+    print(json.dumps([got, ds.sidecar_path]))
+"""
+
+
+def _as_nobody(path):
+    """Open *path* in a fresh interpreter that drops to uid/gid nobody after its imports
+    (a fork of pytest would inherit its threads); return (payloads, sidecar used)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(uid=NOBODY), path],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, used = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [bytes.fromhex(h) for h in got], used
 
 
 @pytest.fixture
@@ -219,11 +221,7 @@ def test_foreign_user(shared_dir, monkeypatch, mode):
         os.chmod(local, mode)
     monkeypatch.setenv("FEEDLINE_CACHE_DIR", cache)
 
-    def child():
-        with feedline.open_dataset(path) as ds:
-            return _read_all(ds), ds.sidecar_path
-
-    got, used = _as_nobody(child)
+    got, used = _as_nobody(path)
     assert got == payloads
     if mode == 0o644:
         assert used == local, "a readable sidecar is shared"
