@@ -9,6 +9,7 @@ user who cannot read a sidecar, or write beside the data, uses the cache directo
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import pickle
@@ -23,7 +24,7 @@ import pytest
 import feedline
 from feedline.errors import CorruptDataError, StaleIndexError
 from feedline.formats.tfrecord import write_tfrecord
-from feedline.index import _HEAD, load_sidecar, read_sidecar_header
+from feedline.index import _HEAD, _crc32c, load_sidecar, read_sidecar_header
 
 NOBODY = 65534
 
@@ -229,3 +230,27 @@ def test_foreign_user(shared_dir, monkeypatch, mode):
         assert used is not None and used.startswith(cache), "unreadable/unwritable -> cache dir"
         assert os.stat(used).st_uid == NOBODY
         assert stat.S_IMODE(os.stat(used).st_mode) == 0o644
+
+
+@pytest.mark.parametrize("dtype", ["4u1", "(2,)<i8", "V8", "[('a', '<i8')]", "O"])
+def test_resealed_sidecar_with_odd_column_dtype(tmp_path, dtype):
+    """Fuzz finding (py_sidecar): a column dtype with a sub-array shape, re-sealed with a
+    valid CRC, raised a raw ValueError from numpy; it is a CorruptDataError."""
+    path, _ = _dataset(tmp_path)
+    with feedline.open_dataset(path) as ds:
+        len(ds)
+        side = ds.sidecar_path
+        key = read_sidecar_header(side)[0]["key"]
+    with open(side, "rb") as f:
+        raw = bytearray(f.read())
+    magic, version, _, hlen = _HEAD.unpack_from(raw, 0)
+    old_start = (_HEAD.size + hlen + 63) // 64 * 64
+    header = json.loads(raw[_HEAD.size : _HEAD.size + hlen])
+    header["columns"]["offsets"]["dtype"] = dtype
+    hbytes = json.dumps(header, sort_keys=True).encode()
+    start = (_HEAD.size + len(hbytes) + 63) // 64 * 64
+    body = hbytes + bytes(start - _HEAD.size - len(hbytes)) + bytes(raw[old_start:])
+    with open(side, "wb") as f:  # re-sealed: a valid CRC around the odd dtype
+        f.write(_HEAD.pack(magic, version, _crc32c(body), len(hbytes)) + body)
+    with pytest.raises(CorruptDataError, match="offsets"):
+        load_sidecar(side, root=str(tmp_path), files=[path], key=key)

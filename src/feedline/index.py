@@ -416,7 +416,13 @@ def load_sidecar(
             start = data_start + int(spec["offset"])
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptDataError(path, _HEAD.size, f"column {name}: bad spec ({e})") from None
-        if dt.hasobject or any(s < 0 for s in shape) or start < data_start:
+        if (
+            dt.kind not in "biufc"  # numbers only: no objects, strings, void or records
+            or dt.shape != ()  # a sub-array dtype ("4u1") would change the shape
+            or dt.fields is not None
+            or any(s < 0 for s in shape)
+            or start < data_start
+        ):
             raise CorruptDataError(path, _HEAD.size, f"column {name}: bad dtype or shape")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         if start + nbytes > len(buf):
