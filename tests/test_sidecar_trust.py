@@ -232,7 +232,7 @@ def test_foreign_user(shared_dir, monkeypatch, mode):
         assert stat.S_IMODE(os.stat(used).st_mode) == 0o644
 
 
-@pytest.mark.parametrize("dtype", ["4u1", "(2,)<i8", "V8", "[('a', '<i8')]", "O"])
+@pytest.mark.parametrize("dtype", ["4u1", "(2,)<i8", "V8", "[('a', '<i8')]", "O", "(,u1", "i8,("])
 def test_resealed_sidecar_with_odd_column_dtype(tmp_path, dtype):
     """Fuzz finding (py_sidecar): a column dtype with a sub-array shape, re-sealed with a
     valid CRC, raised a raw ValueError from numpy; it is a CorruptDataError."""

@@ -414,7 +414,7 @@ def load_sidecar(
             dt = np.dtype(spec["dtype"])
             shape = tuple(int(s) for s in spec["shape"])
             start = data_start + int(spec["offset"])
-        except (KeyError, TypeError, ValueError) as e:
+        except Exception as e:  # numpy parses dtype strings (even with literal_eval)
             raise CorruptDataError(path, _HEAD.size, f"column {name}: bad spec ({e})") from None
         if (
             dt.kind not in "biufc"  # numbers only: no objects, strings, void or records
