@@ -40,7 +40,7 @@ def _mapped(a: np.ndarray) -> bool:
     while a is not None:
         if isinstance(a, np.memmap) or type(a).__name__ == "mmap":
             return True
-        a = getattr(a, "base", None)
+        a = a.obj if isinstance(a, memoryview) else getattr(a, "base", None)
     return False
 
 

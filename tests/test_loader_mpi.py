@@ -155,7 +155,10 @@ def test_node_aggregation_matches_direct_and_shares_errors(made, tmp_path):
     itself. The cost model plans each for its readers (node or rank windows), so the
     orders differ; each delivers every sample once per epoch, over several windows."""
     data = ",".join([made["cifar10-large"], made["neuron-inverter"]])
-    args = ("--data", data, "--presets", "feedline", "--epochs", "2", "--memory-cap", "1500000")
+    # 1.5 MB for the windows' share as before, plus the two batches per rank the estimate
+    # now also counts (held + being assembled: 2 ranks x 2 x 4 x 19200 B x 2, decoded)
+    cap = str(1_500_000 + 614_400)
+    args = ("--data", data, "--presets", "feedline", "--epochs", "2", "--memory-cap", cap)
     node = mpirun(4, tmp_path / "node.json", *args, "--source", "node", nodes=2)
     direct = mpirun(4, tmp_path / "direct.json", *args, "--source", "direct", nodes=2)
     for key in node:

@@ -584,3 +584,167 @@ TEST(LmdbHostile, UnsupportedFeatures) {
     expect_unsupported(b.img, "MDB_DEVEL version");
   }
 }
+
+// ------------------------------------------------------------------------------------------
+// LMDB's known crash classes (CVE-2019-16224 ... CVE-2019-16228: liblmdb 0.9.24 crashing on
+// crafted .mdb files — out-of-range page numbers, overflow runs, branch nodes and keys,
+// node pointers and lower/upper outside the page, a zero page size) as regression inputs.
+// Every image must give CorruptData through both entry points: the indexer, and
+// page-level access (open, read every page, seek to every record). The libFuzzer targets
+// (cpp/fuzz) search the same space at random.
+namespace {
+
+void expect_corrupt_everywhere(const Image& img, const char* what, bool run_headers = false) {
+  if (run_headers) {  // the indexer reads overflow run headers only when asked to
+    expect_corrupt(img, [](const std::string& p) {
+      L::IndexOptions o;
+      o.verify_overflow = true;
+      (void)L::index_lmdb(p, o);
+    }, what);
+  } else {
+    expect_corrupt(img, what);
+  }
+  TempFile f(img);
+  int found = 0;
+  try {
+    L::LmdbFile file(f.path);
+    const std::uint64_t last = std::min<std::uint64_t>(file.meta().last_pgno + 1, 256);
+    for (std::uint64_t pg = 0; pg <= last; ++pg) {
+      try {
+        (void)file.read_page(pg);
+      } catch (const feedline::CorruptData& e) {
+        EXPECT_EQ(e.path, f.path);
+        ++found;
+      }
+    }
+    const std::uint64_t n = std::min<std::uint64_t>(file.meta().main_db.entries, 64);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      try {
+        (void)file.seek(i);
+      } catch (const feedline::CorruptData&) {
+        ++found;
+      }
+    }
+  } catch (const feedline::CorruptData&) {
+    ++found;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": page access threw " << e.what();
+  }
+  EXPECT_GT(found, 0) << what << ": page access found nothing wrong";
+}
+
+std::uint16_t slot(const Image& img, std::uint64_t pg, int i) {
+  return *reinterpret_cast<const std::uint16_t*>(&img.bytes[img.at(pg) + 16 + 2 * i]);
+}
+
+}  // namespace
+
+TEST(LmdbCve, CraftedPageNumbers) {
+  Built b = build(4096);
+  const std::size_t root = b.img.at(b.root);
+  const std::uint16_t p1 = slot(b.img, b.root, 1);
+  {
+    Image t = b.img;  // root is a meta page
+    put<std::uint64_t>(t.bytes, t.main_field(1, 40), 1);
+    expect_corrupt_everywhere(t, "root = meta page 1");
+  }
+  {
+    Image t = b.img;  // child one past the last page
+    const std::uint64_t past = t.bytes.size() / 4096;
+    put<std::uint16_t>(t.bytes, root + p1, past & 0xFFFF);
+    put<std::uint16_t>(t.bytes, root + p1 + 2, (past >> 16) & 0xFFFF);
+    expect_corrupt_everywhere(t, "child past the last page");
+  }
+  {
+    Image t = b.img;  // a page's own number disagrees with its position
+    put<std::uint64_t>(t.bytes, t.at(b.leaf_pgnos[2]), b.leaf_pgnos[0]);
+    expect_corrupt_everywhere(t, "leaf claims another page number");
+  }
+}
+
+TEST(LmdbCve, OverflowPages) {
+  Built b = build(4096);
+  const std::size_t leaf = b.img.at(b.leaf_pgnos[1]);  // slot 0 holds a big value
+  const std::uint16_t ptr = slot(b.img, b.leaf_pgnos[1], 0);
+  const std::uint16_t ks = *reinterpret_cast<const std::uint16_t*>(&b.img.bytes[leaf + ptr + 6]);
+  const std::uint64_t ov = *reinterpret_cast<const std::uint64_t*>(&b.img.bytes[leaf + ptr + 8 + ks]);
+  {
+    Image t = b.img;  // page number + run length wraps around 2^64
+    put<std::uint64_t>(t.bytes, leaf + ptr + 8 + ks, ~std::uint64_t{0} - 1);
+    expect_corrupt_everywhere(t, "overflow run wraps 2^64");
+  }
+  {
+    Image t = b.img;  // run header: zero pages
+    put<std::uint32_t>(t.bytes, t.at(ov) + 12, 0);
+    expect_corrupt_everywhere(t, "overflow run of 0 pages", true);
+  }
+  {
+    Image t = b.img;  // run header: more pages than the file
+    put<std::uint32_t>(t.bytes, t.at(ov) + 12, 0xFFFFFFFFu);
+    expect_corrupt_everywhere(t, "overflow run beyond the file", true);
+  }
+}
+
+TEST(LmdbCve, BranchNodesAndKeys) {
+  Built b = build(4096);
+  const std::size_t root = b.img.at(b.root);
+  const std::uint16_t p1 = slot(b.img, b.root, 1);
+  {
+    Image t = b.img;  // separator key longer than the page
+    put<std::uint16_t>(t.bytes, root + p1 + 6, 0xFFFF);
+    expect_corrupt_everywhere(t, "branch key size 0xFFFF");
+  }
+  {
+    Image t = b.img;  // a branch with no nodes at all
+    put<std::uint16_t>(t.bytes, root + 12, 16);
+    expect_corrupt_everywhere(t, "empty branch page");
+  }
+  {
+    Image t = b.img;  // separators out of order: children swapped
+    const std::uint16_t p2 = slot(t, b.root, 2);
+    put<std::uint16_t>(t.bytes, root + 16 + 2, p2);
+    put<std::uint16_t>(t.bytes, root + 16 + 4, p1);
+    expect_corrupt_everywhere(t, "branch keys out of order");
+  }
+  {
+    Image t = b.img;  // node pointer into the slot array
+    put<std::uint16_t>(t.bytes, root + 16 + 2, 16);
+    expect_corrupt_everywhere(t, "branch node inside the slot array");
+  }
+}
+
+TEST(LmdbCve, NodePointersAndBounds) {
+  Built b = build(4096);
+  const std::uint64_t lp = b.leaf_pgnos[0];
+  const std::size_t leaf = b.img.at(lp);
+  {
+    Image t = b.img;  // lower below the header (node count underflows)
+    put<std::uint16_t>(t.bytes, leaf + 12, 8);
+    expect_corrupt_everywhere(t, "lower below the header");
+  }
+  {
+    Image t = b.img;  // odd lower: half a slot
+    put<std::uint16_t>(t.bytes, leaf + 12, static_cast<std::uint16_t>(16 + 2 * 4 + 1));
+    expect_corrupt_everywhere(t, "odd lower");
+  }
+  {
+    Image t = b.img;  // node whose inline value runs past the page end
+    const std::uint16_t p = slot(t, lp, 3);
+    put<std::uint16_t>(t.bytes, leaf + p, static_cast<std::uint16_t>(4096 - p));
+    expect_corrupt_everywhere(t, "inline value past the page");
+  }
+  {
+    Image t = b.img;  // two slots point at the same node
+    put<std::uint16_t>(t.bytes, leaf + 16 + 2, slot(t, lp, 0));
+    expect_corrupt_everywhere(t, "aliased slots");
+  }
+}
+
+TEST(LmdbCve, ZeroPageSize) {
+  Built b = build(4096);
+  put<std::uint32_t>(b.img.bytes, 16 + 24, 0);
+  put<std::uint32_t>(b.img.bytes, 4096 + 16 + 24, 0);
+  expect_corrupt(b.img, "page size 0 (divide by zero)");
+  TempFile f(b.img);
+  EXPECT_THROW(L::LmdbFile file(f.path), feedline::CorruptData);
+}

@@ -129,14 +129,14 @@ class Dataset:
                     continue
                 try:
                     idx = load_sidecar(cand, root=self.root, files=self.files, key=key)
+                    idx.validate_against_sizes([os.path.getsize(f) for f in self.files])
                     self.sidecar_path = cand
                     return idx
-                except StaleDatasetError:
+                except (StaleDatasetError, CorruptDataError):
                     if self.on_stale == "error":
                         raise
-                except CorruptDataError:
-                    if self.on_stale == "error":
-                        raise
+                except OSError:  # another user's sidecar we may not read: try the next
+                    continue
         idx = self.build_index()
         if self.sidecar:
             self.sidecar_path = self.write_sidecar(idx)

@@ -66,6 +66,11 @@ class StaleDatasetError(FeedlineError):
         return (type(self), (self.path, self.reason))
 
 
+class StaleIndexError(StaleDatasetError):
+    """An index sidecar that cannot be trusted: stale, from another version or options,
+    or changed after it was written (its content checksum does not match)."""
+
+
 class StorageError(FeedlineError, OSError):
     """A persistent I/O failure (after retries), naming file, offset and errno."""
 
@@ -184,6 +189,7 @@ __all__ = [
     "PeerFailedError",
     "PeerTimeoutError",
     "StaleDatasetError",
+    "StaleIndexError",
     "StateError",
     "StateMismatchError",
     "StorageError",

@@ -7,29 +7,38 @@ file — size, ``mtime_ns`` and a SHA-256 of its head and tail, never the inode,
 views, bind mounts and NFS change inodes — and is rejected when stale. Sidecars are
 written to a temporary name and renamed, so concurrent openers never see a torn file.
 
-Layout of a sidecar (little endian): magic ``FEEDIDX\\0``, u32 version, u32 0,
-u64 header length, UTF-8 JSON header, then each column 64-byte aligned. Columns are
-mapped read-only, so many ranks of a node share one copy through the page cache.
+Layout of a sidecar (little endian): magic ``FEEDIDX\\0``, u32 version, u32 CRC32C of
+every byte after this 24-byte head, u64 header length, UTF-8 JSON header, then each column
+64-byte aligned. The header also carries the dataset fingerprint (the digest of the
+per-file fingerprints). Loading checks the CRC before using any column, so a sidecar
+edited in place (offsets changed, bits flipped) raises :class:`StaleIndexError` and is
+rebuilt, never trusted. Columns are mapped read-only, so many ranks of a node share one
+copy through the page cache; where the file system refuses ``mmap`` (``ENODEV`` on some
+FUSE and network mounts) the sidecar is read into memory instead. Sidecars are created
+with the permissions the umask allows (``0644`` under the usual ``022``), so other users
+of a shared dataset can read them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import mmap
 import os
+import secrets
 import struct
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .errors import CorruptDataError, StaleDatasetError
+from .errors import CorruptDataError, StaleIndexError
 
 SIDECAR_MAGIC = b"FEEDIDX\0"
-SIDECAR_VERSION = 1
+SIDECAR_VERSION = 2
 _HEAD = struct.Struct("<8sIIQ")
 _ALIGN = 64
 _FP_BYTES = 64 * 1024
@@ -242,11 +251,16 @@ def fingerprint(path: str) -> dict[str, Any]:
     return {"size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns), "sha256": h.hexdigest()}
 
 
-def dataset_fingerprint(files: Sequence[str]) -> str:
-    """One hex digest for a whole dataset (used in loader state)."""
+def dataset_fingerprint(
+    files: Sequence[str], fingerprints: Sequence[dict[str, Any]] | None = None
+) -> str:
+    """One hex digest for a whole dataset (used in loader state and sidecar headers).
+
+    *fingerprints* (from :func:`fingerprint`, one per file) saves reading the files again.
+    """
     h = hashlib.sha256()
-    for p in files:
-        fp = fingerprint(p)
+    for i, p in enumerate(files):
+        fp = fingerprint(p) if fingerprints is None else fingerprints[i]
         h.update(f"{os.path.basename(p)}:{fp['size']}:{fp['sha256']}".encode())
     return h.hexdigest()[:32]
 
@@ -296,6 +310,7 @@ def write_sidecar(
         "n": len(index),
         "files": [os.path.relpath(f, root) for f in index.files],
         "fingerprints": fingerprints,
+        "dataset": dataset_fingerprint(index.files, fingerprints),
         "columns": layout,
         "meta": index.meta,
     }
@@ -304,14 +319,31 @@ def write_sidecar(
     hbytes = json.dumps(header, sort_keys=True).encode()
     data_start = (_HEAD.size + len(hbytes) + _ALIGN - 1) // _ALIGN * _ALIGN
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".fidx-", dir=directory)
+    # Our own temporary name (not mkstemp, which forces 0600): the kernel applies the
+    # umask to 0666, so the sidecar gets the permissions the user's other files get.
+    tmp = os.path.join(directory, f".fidx-{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_HEAD.pack(SIDECAR_MAGIC, SIDECAR_VERSION, 0, len(hbytes)))
-            f.write(hbytes)
+            crc = 0
+            at = _HEAD.size
+
+            def emit(buf: Any, upto: int | None = None) -> None:
+                nonlocal crc, at
+                if upto is not None and upto > at:  # zero padding up to an aligned start
+                    emit(bytes(upto - at))
+                view = memoryview(buf).cast("B")
+                f.write(view)
+                crc = _crc32c(view, crc)
+                at += view.nbytes
+
+            f.write(bytes(_HEAD.size))  # the head, with the CRC, is written last
+            emit(hbytes)
             for name, arr in cols.items():
-                f.seek(data_start + layout[name]["offset"])
-                f.write(np.ascontiguousarray(arr).tobytes())
+                raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                emit(raw, data_start + layout[name]["offset"])
+            f.seek(0)
+            f.write(_HEAD.pack(SIDECAR_MAGIC, SIDECAR_VERSION, crc, len(hbytes)))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -321,84 +353,173 @@ def write_sidecar(
         raise
 
 
-def read_sidecar_header(path: str) -> tuple[dict[str, Any], int]:
-    """Return the JSON header of a sidecar and the byte where its columns start."""
-    with open(path, "rb") as f:
-        head = f.read(_HEAD.size)
-        if len(head) < _HEAD.size:
-            raise CorruptDataError(path, 0, "sidecar shorter than its header")
-        magic, version, _, hlen = _HEAD.unpack(head)
-        if magic != SIDECAR_MAGIC:
-            raise CorruptDataError(path, 0, "not a feedline index sidecar (bad magic)")
-        if version != SIDECAR_VERSION:
-            raise StaleDatasetError(path, f"sidecar version {version}, expected {SIDECAR_VERSION}")
-        if hlen > 1 << 30:
-            raise CorruptDataError(path, 16, f"header length {hlen} is implausible")
-        hbytes = f.read(hlen)
-        if len(hbytes) != hlen:
-            raise CorruptDataError(path, _HEAD.size, "sidecar header truncated")
+def _crc32c(buf: Any, crc: int = 0) -> int:
+    from . import _core
+
+    return int(_core.crc32c(np.frombuffer(buf, dtype=np.uint8), crc))
+
+
+def _parse_head(path: str, buf: Any) -> tuple[int, int]:
+    """Check the fixed head of a sidecar image; return (stored CRC, header length)."""
+    if len(buf) < _HEAD.size:
+        raise CorruptDataError(path, 0, "sidecar shorter than its header")
+    magic, version, crc, hlen = _HEAD.unpack_from(buf, 0)
+    if magic != SIDECAR_MAGIC:
+        raise CorruptDataError(path, 0, "not a feedline index sidecar (bad magic)")
+    if version != SIDECAR_VERSION:
+        raise StaleIndexError(path, f"sidecar version {version}, expected {SIDECAR_VERSION}")
+    if hlen > 1 << 30:
+        raise CorruptDataError(path, 16, f"header length {hlen} is implausible")
+    return crc, hlen
+
+
+def _parse_header(path: str, hbytes: bytes, hlen: int) -> tuple[dict[str, Any], int]:
+    if len(hbytes) != hlen:
+        raise CorruptDataError(path, _HEAD.size, "sidecar header truncated")
     try:
         header = json.loads(hbytes)
     except ValueError as e:
         raise CorruptDataError(path, _HEAD.size, f"sidecar header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise CorruptDataError(path, _HEAD.size, "sidecar header is not a JSON object")
     data_start = (_HEAD.size + hlen + _ALIGN - 1) // _ALIGN * _ALIGN
     return header, data_start
+
+
+def read_sidecar_header(path: str) -> tuple[dict[str, Any], int]:
+    """Return the JSON header of a sidecar and the byte where its columns start.
+
+    Reads only the header; its content checksum is checked by :func:`load_sidecar`.
+    """
+    with open(path, "rb") as f:
+        _, hlen = _parse_head(path, f.read(_HEAD.size))
+        return _parse_header(path, f.read(hlen), hlen)
+
+
+def _image(path: str) -> Any:
+    """The sidecar's bytes: a read-only map, or a plain read where mmap is refused."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        try:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            if e.errno not in _NO_MMAP:
+                raise
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                raise CorruptDataError(path, got, f"sidecar shrank while read ({size} bytes)")
+            got += n
+        return buf
+
+
+#: errnos with which a file system refuses mmap (then the sidecar is read instead)
+_NO_MMAP = frozenset(
+    {errno.ENODEV, errno.EINVAL, errno.EACCES, errno.EPERM, errno.ENOMEM, errno.ENOTSUP}
+)
 
 
 def load_sidecar(
     path: str, *, root: str, files: Sequence[str], key: str, check: bool = True
 ) -> Index:
-    """Load a sidecar, mapping its columns read-only.
+    """Load a sidecar, mapping its columns read-only (or reading them without mmap).
 
     Raises
     ------
-    StaleDatasetError
-        When the files, their fingerprints, the format version or the options differ.
+    StaleIndexError
+        When the files, their fingerprints, the format version or the options differ, or
+        the sidecar's content does not match its checksum (edited after it was written).
     CorruptDataError
-        When the sidecar itself is damaged.
+        When the sidecar itself is malformed.
+    OSError
+        When it cannot be opened (e.g. another user's unreadable sidecar).
     """
-    header, data_start = read_sidecar_header(path)
+    buf = _image(path)
+    stored_crc, hlen = _parse_head(path, buf)
+    header, data_start = _parse_header(path, bytes(buf[_HEAD.size : _HEAD.size + hlen]), hlen)
     if header.get("key") != key:
-        raise StaleDatasetError(path, f"built with other options ({header.get('key')} != {key})")
+        raise StaleIndexError(path, f"built with other options ({header.get('key')} != {key})")
     rel = [os.path.relpath(f, root) for f in files]
     if header.get("files") != rel:
-        raise StaleDatasetError(path, "the dataset's file list changed")
+        raise StaleIndexError(path, "the dataset's file list changed")
+    fps = header.get("fingerprints")
+    if (
+        not isinstance(fps, list)
+        or len(fps) != len(files)
+        or not all(isinstance(fp, dict) for fp in fps)
+    ):
+        raise CorruptDataError(path, _HEAD.size, "sidecar header has no fingerprint per file")
     if check:
-        for f, old in zip(files, header["fingerprints"], strict=True):
+        for f, old in zip(files, fps, strict=True):
             new = fingerprint(f)
             for k in ("size", "mtime_ns", "sha256"):
                 if new[k] != old.get(k):
-                    raise StaleDatasetError(path, f"{f}: {k} changed ({old.get(k)} -> {new[k]})")
-    size = os.path.getsize(path)
+                    raise StaleIndexError(path, f"{f}: {k} changed ({old.get(k)} -> {new[k]})")
+    crc = _crc32c(memoryview(buf)[_HEAD.size :])
+    if crc != stored_crc:
+        raise StaleIndexError(
+            path,
+            f"content checksum mismatch (CRC32C {crc:#010x}, header says {stored_crc:#010x}):"
+            " the sidecar was changed after it was written",
+        )
+    try:
+        same = header.get("dataset") == dataset_fingerprint(files, fps)
+    except (KeyError, TypeError):
+        same = False
+    if not same:
+        raise StaleIndexError(path, "the dataset fingerprint does not match the file fingerprints")
     cols: dict[str, np.ndarray] = {}
-    for name, spec in header["columns"].items():
+    columns = header.get("columns")
+    if not isinstance(columns, dict):
+        raise CorruptDataError(path, _HEAD.size, "sidecar header has no column table")
+    n = header.get("n")
+    for name, spec in columns.items():
         if name not in _COLUMNS and name.removeprefix("packed_") not in _PACKED:
             raise CorruptDataError(path, data_start, f"unknown column {name!r}")
-        dt = np.dtype(spec["dtype"])
-        shape = tuple(int(s) for s in spec["shape"])
-        start = data_start + int(spec["offset"])
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        if start + nbytes > size:
-            raise CorruptDataError(path, start, f"column {name} extends beyond the sidecar")
-        if nbytes == 0:
-            cols[name] = np.zeros(shape, dtype=dt)
-        else:
-            cols[name] = np.memmap(path, dtype=dt, mode="r", offset=start, shape=shape)
-    keys = None
-    if "key_starts" in cols:
-        keys = Keys(cols["key_blob"], cols["key_starts"])
-    packed = None
-    if "packed" in header:
-        spec = header["packed"]
         try:
-            packed = Packed(
-                codec=str(spec["codec"]),
-                params=dict(spec.get("params", {})),
-                **{name: cols[f"packed_{name}"] for name in _PACKED},
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptDataError(path, data_start, f"packed columns unusable: {e}") from None
+            dt = np.dtype(spec["dtype"])
+            shape = tuple(int(s) for s in spec["shape"])
+            start = data_start + int(spec["offset"])
+        except Exception as e:  # numpy parses dtype strings (even with literal_eval)
+            raise CorruptDataError(path, _HEAD.size, f"column {name}: bad spec ({e})") from None
+        if (
+            dt.kind not in "biufc"  # numbers only: no objects, strings, void or records
+            or dt.shape != ()  # a sub-array dtype ("4u1") would change the shape
+            or dt.fields is not None
+            or any(s < 0 for s in shape)
+            or start < data_start
+        ):
+            raise CorruptDataError(path, _HEAD.size, f"column {name}: bad dtype or shape")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if start + nbytes > len(buf):
+            raise CorruptDataError(path, start, f"column {name} extends beyond the sidecar")
+        count = nbytes // dt.itemsize if dt.itemsize else 0
+        col = np.frombuffer(buf, dtype=dt, count=count, offset=start).reshape(shape)
+        col.flags.writeable = False
+        cols[name] = col
+    for name in ("file_ids", "offsets", "lengths"):
+        if name not in cols or cols[name].ndim != 1 or len(cols[name]) != n:
+            raise CorruptDataError(path, data_start, f"column {name} missing or not {n} long")
+    keys = None
+    packed = None
     try:
+        if "key_starts" in cols:
+            keys = Keys(cols["key_blob"], cols["key_starts"])
+        if "packed" in header:
+            spec = header["packed"]
+            try:
+                packed = Packed(
+                    codec=str(spec["codec"]),
+                    params=dict(spec.get("params", {})),
+                    **{name: cols[f"packed_{name}"] for name in _PACKED},
+                )
+            except (KeyError, TypeError, ValueError) as e:
+                raise CorruptDataError(path, data_start, f"packed columns unusable: {e}") from None
         return Index(
             files=list(files),
             file_ids=cols["file_ids"],
@@ -409,5 +530,5 @@ def load_sidecar(
             meta=header.get("meta", {}),
             packed=packed,
         )
-    except ValueError as e:
-        raise CorruptDataError(path, data_start, f"sidecar columns disagree: {e}") from None
+    except (KeyError, ValueError) as e:
+        raise CorruptDataError(path, data_start, f"inconsistent columns: {e}") from None

@@ -404,7 +404,10 @@ class Loader:
             depth = 0
         decoded = 2 if self.decode else 1  # raw bytes and their decoded copy
         rpn = self.world.ranks_per_node
-        return {"batches": rpn * (depth + 1) * sub * max_len * decoded, "index": 20 * self.n}
+        # the read-ahead batches, the one the caller holds, and the one being assembled
+        # (its parts and their concatenation): measured by tests/test_memory_sweep.py
+        live = depth + 3
+        return {"batches": rpn * live * sub * max_len * decoded, "index": 20 * self.n}
 
     def _read_cap(self) -> int:
         """What is left of the node's cap for read buffers (the planner sizes windows in it)."""

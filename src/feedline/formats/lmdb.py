@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..errors import DatasetNotFoundError, UnsupportedFormatError
+from ..errors import CorruptDataError, DatasetNotFoundError, UnsupportedFormatError
 from ..index import Index, Keys
 from .base import Decoder, Format, RawDecoder, register
 
@@ -419,3 +419,38 @@ class LmdbFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_mappable(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check that an LMDB data file holds every page its meta page counts; return the meta.
+
+    liblmdb (and py-lmdb) map the file and touch pages up to the meta's last page: on a
+    truncated file that is a ``SIGBUS`` no Python code can catch. Call this before
+    handing a file to liblmdb (and again before each batch read through its map).
+
+    Raises
+    ------
+    CorruptDataError
+        No valid meta page, or the file is shorter than ``(last_pgno + 1) * page_size``
+        (names the file, its size as the offset, and both sizes).
+    """
+    with LmdbFile(path) as lf:
+        meta = lf.meta
+        file = lf.path
+    need_bytes(file, meta)
+    return meta
+
+
+def need_bytes(file: str, meta: dict[str, Any], size: int | None = None) -> None:
+    """Raise CorruptDataError when *file* (of *size* bytes, stat'ed when None) is shorter
+    than the pages *meta* (from :class:`LmdbFile`) counts."""
+    size = os.path.getsize(file) if size is None else size
+    need = (int(meta["last_pgno"]) + 1) * int(meta["page_size"])
+    if size < need:
+        raise CorruptDataError(
+            file,
+            size,
+            f"truncated: {size} bytes, but meta page {meta['meta_page']} (txn {meta['txnid']}) "
+            f"counts pages 0..{meta['last_pgno']} of {meta['page_size']} bytes = {need} bytes; "
+            "liblmdb would fault (SIGBUS) reading past the end",
+        )

@@ -80,7 +80,10 @@ class GroupBufferSource(Source):
         self._next_plan = None
         self._finished = False
         self._nbuf = 1
-        self._free = 0
+        self._free = 0  # buffers the I/O thread may fill (pooled in _pool or not yet made)
+        self._pool: list[np.ndarray] = []  # released buffers, reused (no allocation churn)
+        self._spans: dict[tuple[int, int, int], int] = {}
+        self._span = 0  # bytes of each buffer: the widest group's reads
         self._peak_group = 0
         self._fills = 0
         self._anticipated = 0
@@ -112,6 +115,8 @@ class GroupBufferSource(Source):
             self.stop()
             self._nbuf = max(1, int(plan.strategy.prefetch_depth) or 1)
             self._free = self._nbuf
+            self._span = self.memory_bytes(plan) // self._nbuf
+            self._pool = [b for b in self._pool[: self._nbuf] if b.nbytes >= self._span]
             self._stop = False
             self._pass = new
         self._ensure_thread()
@@ -135,34 +140,44 @@ class GroupBufferSource(Source):
         self._thread.start()
 
     # ------------------------------------------------------------ I/O thread
-    def _take_buffer(self) -> bool:
+    def _take_buffer(self) -> np.ndarray | None:
+        """A free buffer (pooled, or a new empty one), or None when stopped."""
         with self._cond:
             while self._free == 0 and not self._stop:
                 self._cond.wait(_POLL)
             if self._stop:
-                return False
+                return None
             self._free -= 1
-            return True
+            # buffers are made once, as large as the widest group (no growth, no churn)
+            return self._pool.pop() if self._pool else np.empty(self._span, dtype=np.uint8)
 
-    def _read_run(self, p: _Pass, k: int) -> Group:
+    def _give_back(self, buf: np.ndarray) -> None:
+        """Return a buffer to the pool (caller holds the lock)."""
+        self._free += 1
+        if len(self._pool) < self._nbuf:
+            self._pool.append(buf)
+
+    def _read_run(self, p: _Pass, k: int, buf: np.ndarray) -> Group:
         assert self._reader is not None
         fid, off, ln = p.plan.records.extents(p.run(k))
         c = coalesce(fid, off, ln, gap=_WHOLE)
-        buf = np.empty(c.buffer_bytes, dtype=np.uint8)
+        if buf.nbytes < c.buffer_bytes:  # pragma: no cover - group_span bounds every run
+            raise RuntimeError(f"group of {c.buffer_bytes} bytes exceeds its {buf.nbytes}")
         self._reader.read(c.reads, buf)
         return buf, c.src, ln
 
     def _fill(self, p: _Pass, speculative: bool) -> bool:
         """Read *p*'s remaining groups as buffers free; False when stopped or failed."""
         while p.next_read < len(p.run_lo):
-            if not self._take_buffer():
+            buf = self._take_buffer()
+            if buf is None:
                 return False
             k = p.next_read
             try:
-                got = self._read_run(p, k)
+                got = self._read_run(p, k, buf)
             except BaseException as e:  # surfaces in the consumer as the original error
                 with self._cond:
-                    self._free += 1
+                    self._give_back(buf)
                     p.error = e
                     self._cond.notify_all()
                 return False
@@ -172,6 +187,7 @@ class GroupBufferSource(Source):
                 self._fills += 1
                 self._anticipated += speculative
                 self._peak_group = max(self._peak_group, got[0].nbytes)
+                del buf, got
                 self._cond.notify_all()
         return True
 
@@ -217,8 +233,11 @@ class GroupBufferSource(Source):
 
     def _release(self, p: _Pass, k: int) -> None:
         with self._cond:
-            p.ready.pop(k, None)
-            self._free += 1
+            group = p.ready.pop(k, None)
+            if group is not None:
+                self._give_back(group[0])
+            else:
+                self._free += 1
             self._cond.notify_all()
 
     def get(self, step: int) -> RawBatch:
@@ -241,6 +260,7 @@ class GroupBufferSource(Source):
             lens.append(ln[a:b])
             pos = rlo + b
             if pos == rhi:  # buffer drained: hand it back to the I/O thread
+                del buf, src, ln  # no reference of ours outlives the release
                 self._release(p, k)
                 p.cur += 1
         data = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -274,9 +294,15 @@ class GroupBufferSource(Source):
             self._free = self._nbuf
 
     def memory_bytes(self, plan) -> int:
+        """``prefetch_depth`` buffers, each as large as the widest group's reads (a group's
+        extents are read whole, holes included: page headers and keys in LMDB, framing
+        in TFRecord), not g x the longest record (issue 16: async-db ran 46 % over)."""
         g = _group_size(plan)
         nbuf = max(1, int(plan.strategy.prefetch_depth) or 1)
-        return nbuf * g * int(plan.records.max_length)
+        key = (id(plan.records), plan.n, g)
+        if key not in self._spans:
+            self._spans = {key: group_span(plan.records, plan.n, g)}
+        return nbuf * self._spans[key]
 
     def stats(self) -> dict[str, Any]:
         st = self._reader.stats() if self._reader is not None else {}
@@ -308,6 +334,27 @@ def _runs(ids: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
     lo = np.concatenate(([0], cut)).astype(np.int64)
     hi = np.concatenate((cut, [len(ids)])).astype(np.int64)
     return lo, hi
+
+
+def group_span(records, n: int, g: int, block: int = 1 << 20) -> int:
+    """The most bytes one group of *g* consecutive records occupies when each of its
+    files' extents is read as one run (what :meth:`GroupBufferSource._read_run` reads)."""
+    if n == 0:
+        return 0
+    block = max(g, block // g * g)
+    worst = 0
+    for lo in range(0, n, block):
+        ids = np.arange(lo, min(n, lo + block), dtype=np.int64)
+        fid, off, ln = records.extents(ids)
+        grp = ids // g
+        order = np.lexsort((fid, grp))
+        grp, fid, off, end = grp[order], fid[order], off[order], (off + ln)[order]
+        cut = np.flatnonzero((grp[1:] != grp[:-1]) | (fid[1:] != fid[:-1])) + 1
+        starts = np.concatenate(([0], cut))
+        span = np.maximum.reduceat(end, starts) - np.minimum.reduceat(off, starts)
+        per_group = np.bincount(grp[starts] - grp[0], weights=span)
+        worst = max(worst, int(per_group.max()))
+    return worst
 
 
 def _group_size(plan) -> int:

@@ -91,8 +91,19 @@ def open_state(state: Any) -> dict[str, Any]:
             isinstance(link, list) and len(link) == 3 and all(isinstance(x, int) for x in link)
         ):
             raise StateError(f"loader state has a malformed world chain entry {link!r}")
-    if body["step"] < 0 or body["epoch"] < 0:
-        raise StateError("loader state has a negative epoch or step")
+    if body["step"] < 0 or body["epoch"] < 0 or body["seed"] < 0 or body["n"] < 0:
+        raise StateError("loader state has a negative epoch, step, seed or sample count")
+    if body["world_size"] < 1 or not 1 <= body["nodes"] <= body["world_size"]:
+        raise StateError(
+            f"loader state has an impossible world ({body['world_size']} ranks on "
+            f"{body['nodes']} nodes)"
+        )
+    if body["batch_size"] < 1:
+        raise StateError(f"loader state has batch size {body['batch_size']}")
+    if any(r < 1 or not 1 <= m <= r or not 0 <= s <= body["step"] for r, m, s in body["chain"]):
+        raise StateError(
+            "loader state's world chain names an impossible world or a step after its own"
+        )
     return body
 
 

@@ -21,6 +21,7 @@ across steps is the coalescing presets' business.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
@@ -92,21 +93,37 @@ class MmapCursor:
             import lmdb
         except ImportError as e:  # pragma: no cover - lmdb is a dependency of the extras
             raise ConfigError("the liblmdb presets need py-lmdb (pip install lmdb)") from e
+        from ..formats.lmdb import check_mappable
         from ..plan.lmdb_model import nodemax
 
         self.path = path
         self.c = counters
-        self.env = lmdb.open(
-            os.path.dirname(path), readonly=True, lock=False, readahead=True, subdir=True
-        )
-        st = self.env.stat()
+        self.env = None
+        self._lmdb_error = lmdb.Error
+        # liblmdb maps the file: a file shorter than its meta page says would SIGBUS.
+        self.meta = check_mappable(path)
+        with self._errors(0):
+            self.env = lmdb.open(
+                os.path.dirname(path), readonly=True, lock=False, readahead=True, subdir=True
+            )
+            st = self.env.stat()
+            self.txn = self.env.begin(buffers=True)
+            self.cur = self.txn.cursor()
         self.psize = int(st["psize"])
         self.entries = int(st["entries"])
         self.per_leaf = self.entries / max(1, int(st["leaf_pages"]))
         self.nodemax = nodemax(self.psize)
-        self.txn = self.env.begin(buffers=True)
-        self.cur = self.txn.cursor()
         self.pos = -1  # record under the cursor (-1: not positioned)
+
+    @contextlib.contextmanager
+    def _errors(self, record: int):
+        """py-lmdb's errors (CorruptedError, PageNotFoundError, ...) as CorruptDataError."""
+        try:
+            yield
+        except self._lmdb_error as e:
+            raise CorruptDataError(
+                self.path, 0, f"liblmdb near record {record}: {type(e).__name__}: {e}"
+            ) from None
 
     def _seek(self, target: int) -> None:
         """Step the cursor to *target* with ``next`` calls (from the first key if behind)."""
@@ -117,8 +134,14 @@ class MmapCursor:
             self.pos = 0
             self.c["records_walked"] += 1
         steps = target - self.pos
-        for _ in range(steps):
-            cur.next()
+        for k in range(steps):
+            if not cur.next():
+                raise CorruptDataError(
+                    self.path,
+                    0,
+                    f"liblmdb's cursor ends at record {self.pos + k + 1}, "
+                    f"but the database counts {self.entries} records",
+                )
         self.pos = target
         self.c["records_walked"] += steps
 
@@ -127,6 +150,20 @@ class MmapCursor:
         c = self.c
         lengths = np.zeros(len(ids), dtype=np.int64)
         f0 = resource.getrusage(_THREAD).ru_majflt
+        from ..formats.lmdb import need_bytes
+
+        need_bytes(self.path, self.meta)  # truncated since opened: raise, not SIGBUS
+        with self._errors(int(ids[0]) if len(ids) else 0):
+            seek_s, io_s, touched, pos = self._read(ids, dest, lengths)
+        c["seek_s"] += seek_s
+        c["io_s"] += io_s
+        c["major_faults"] += resource.getrusage(_THREAD).ru_majflt - f0
+        c["mmap_touched_bytes"] += touched
+        c["records_read"] += len(ids)
+        c["payload_read_bytes"] += pos
+        return lengths
+
+    def _read(self, ids: np.ndarray, dest: np.ndarray, lengths: np.ndarray):
         pos = 0
         touched = 0
         seek_s = io_s = 0.0
@@ -151,13 +188,7 @@ class MmapCursor:
             self.c["records_walked"] += 1
             lengths[k] = n
             pos += n
-        c["seek_s"] += seek_s
-        c["io_s"] += io_s
-        c["major_faults"] += resource.getrusage(_THREAD).ru_majflt - f0
-        c["mmap_touched_bytes"] += touched
-        c["records_read"] += len(ids)
-        c["payload_read_bytes"] += pos
-        return lengths
+        return seek_s, io_s, touched, pos
 
     def storage(self) -> tuple[int, int]:
         """(bytes, ops) asked of storage: touched pages (estimate) and major faults."""
@@ -165,7 +196,7 @@ class MmapCursor:
         return self.c["mmap_touched_bytes"] + leaves * self.psize, self.c["major_faults"]
 
     def close(self) -> None:
-        if self.env is not None:
+        if getattr(self, "env", None) is not None:
             self.txn.abort()
             self.env.close()
             self.env = None

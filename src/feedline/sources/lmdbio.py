@@ -510,6 +510,7 @@ class LmdbioSource(Source):
             self._poll(req)
         self._sends.clear()
         self._token = None
+        self._buf = None  # dropped before the next start allocates (else 2x the cap)
         if self._shm is not None:
             shm, self._shm = self._shm, None
             from ..pipeline.node import _mpi_finalized
