@@ -15,6 +15,7 @@ SCENARIOS = {
     "async": ("feedline.bench.async_bench", "asynchronous-I/O paper Tables II-V, buffer sweep"),
     "shuffle": ("feedline.bench.shuffle", "shuffle quality: RL and accuracy of a small CNN"),
     "overhead": ("feedline.bench.overhead", "Loader CPU overhead per sample vs PyTorch DataLoader"),
+    "peers": ("feedline.bench.peers", "torch, Mosaic, WebDataset, LitData, tf.data vs feedline"),
     "readers": ("feedline.bench.readers", "pread vs mmap vs per-sample reads (LMDBIO Fig. 8)"),
 }
 
