@@ -238,8 +238,9 @@ def convert_litdata(ctx: PeerContext) -> str:
 # -------------------------------------------------------------------- peers
 
 
-def _env_dist(ctx: PeerContext) -> None:
-    """The torch.distributed-style variables Mosaic and LitData read for their split."""
+def _env_dist(ctx: PeerContext, port: int = 0) -> None:
+    """What ``torchrun`` gives Mosaic and LitData: the torch.distributed variables and,
+    for more than one process, an initialised (gloo) process group."""
     os.environ.update(
         RANK=str(ctx.rank),
         WORLD_SIZE=str(ctx.size),
@@ -247,6 +248,12 @@ def _env_dist(ctx: PeerContext) -> None:
         LOCAL_WORLD_SIZE=str(ctx.size),
         NODE_RANK="0",
     )
+    if ctx.size > 1 and port:
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=ctx.rank, world_size=ctx.size)
 
 
 class LmdbMap:

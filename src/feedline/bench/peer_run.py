@@ -116,13 +116,15 @@ def _rank_size() -> tuple[int, int]:
     return 0, 1
 
 
-def run_epoch(name: str, ctx: pl.PeerContext, out_dir: str) -> dict[str, Any]:
+def run_epoch(name: str, ctx: pl.PeerContext, out_dir: str, port: int = 0) -> dict[str, Any]:
     pkg = pl.LOADERS[name][0]
     if pkg == "streaming":
         pl.import_streaming(ctx.notes)  # import time is not the loader's
     elif pkg:
         importlib.import_module(pkg)  # import time is not the loader's
-    if pl.LOADERS[name][0] is None and ctx.size > 1:
+    if pkg in ("streaming", "litdata"):  # launched as torchrun would
+        pl._env_dist(ctx, port)
+    if pkg is None and ctx.size > 1:
         from mpi4py import MPI  # noqa: F401 - feedline ranks talk over MPI
 
     io0 = _proc_io("self")
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg["mode"] == "prepare":
             doc: dict[str, Any] = {"path": pl.prepare(cfg["name"], ctx)}
         else:
-            doc = run_epoch(cfg["name"], ctx, out)
+            doc = run_epoch(cfg["name"], ctx, out, int(cfg.get("port", 0)))
     except BaseException as e:  # the row says why, the bench goes on
         last = [ln for ln in str(e).splitlines() if ln.strip()][-1:] or [""]
         doc = {"rank": rank, "error": f"{type(e).__name__}: {last[0].strip()}"[:300],

@@ -104,7 +104,7 @@ def _launch(cfg: dict[str, Any], ranks: int, timeout: float) -> list[dict[str, A
     from .harness import mpiexec_command
 
     with tempfile.TemporaryDirectory(prefix="feedline-peers-") as tmp:
-        cfg = dict(cfg, out=tmp)
+        cfg = dict(cfg, out=tmp, port=20000 + os.getpid() % 20000)
         path = os.path.join(tmp, "config.json")
         with open(path, "w") as f:
             json.dump(cfg, f)
