@@ -18,6 +18,7 @@ _MODULES = {
     "tfrecord": "feedline.formats.tfrecord",
     "npy": "feedline.formats.npy",
     "records": "feedline.formats.records",
+    "files": "feedline.formats.files",
 }
 
 
@@ -49,6 +50,8 @@ def detect(path) -> str:
         return "tfrecord"
     if low.endswith(".npy"):
         return "npy"
+    if low.endswith((".npz", ".jpg", ".jpeg", ".png")):
+        return "files"
     if os.path.isdir(p):
         names = sorted(f.lower() for f in os.listdir(p) if not f.startswith("."))
         for ext, fmt in (
@@ -60,9 +63,13 @@ def detect(path) -> str:
         ):
             if any(n.endswith(ext) for n in names):
                 return fmt
+        from .files import EXTENSIONS
+
+        if any(n.endswith(EXTENSIONS) for n in names):
+            return "files"
     raise UnsupportedFormatError(
         p,
-        "cannot tell the format; pass format= one of lmdb, hdf5, tfrecord, npy, records "
+        "cannot tell the format; pass format= one of lmdb, hdf5, tfrecord, npy, files, records "
         "(records needs record_bytes=...)",
     )
 
