@@ -61,10 +61,14 @@ def _dlio() -> str:
 
 def run_dlio(args: list[str], ranks: int, log: str) -> int:
     cmd = [_mpiexec(), "-n", str(ranks), _dlio(), *args] if ranks > 1 else [_dlio(), *args]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if shutil.which("tfrecord2idx") is None:  # DALI's; ours is in dev/
+        env["PATH"] = os.path.dirname(os.path.abspath(__file__)) + os.pathsep + env["PATH"]
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                              check=False).returncode
 
 
 def evict(folder: str) -> None:
@@ -83,6 +87,7 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="comma-separated workloads")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(WORKLOADS)
+    os.makedirs(a.root, exist_ok=True)
     rows = []
     for name in names:
         cfg, base_loader, level, over = WORKLOADS[name]

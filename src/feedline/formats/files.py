@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import zipfile
 from typing import Any, ClassVar
 
 import numpy as np
@@ -106,5 +107,5 @@ def load_npz(raw: Any, path: str = "<npz>", key: str | None = None) -> np.ndarra
     try:
         with np.load(io.BytesIO(memoryview(raw).cast("B").tobytes()), allow_pickle=False) as z:
             return z[key or z.files[0]]
-    except (ValueError, OSError, KeyError, IndexError) as e:
+    except (ValueError, OSError, KeyError, IndexError, zipfile.BadZipFile) as e:
         raise CorruptDataError(path, 0, f"not a readable .npz ({e})") from None
