@@ -26,8 +26,12 @@ def _doc(steps_per_rank):
 def test_delivered_measures():
     n = 40
     # two ranks, class-sorted ids (4 classes of 10): rank 0 takes the first half in order
-    d = delivered(_doc([[np.arange(0, 10), np.arange(10, 20)],
-                        [np.arange(20, 30), np.arange(30, 40)]]), n, 4, 20)
+    d = delivered(
+        _doc([[np.arange(0, 10), np.arange(10, 20)], [np.arange(20, 30), np.arange(30, 40)]]),
+        n,
+        4,
+        20,
+    )
     assert d["exactly_once"] and d["duplicates"] == 0 and d["missing"] == 0
     assert d["classes_per_batch"] == 2.0  # batch s = rank 0's step s + rank 1's step s
     rng = np.random.default_rng(0)
@@ -48,8 +52,23 @@ def test_delivered_measures():
 def test_peers_quick(tmp_path):
     out = tmp_path / "out"
     loaders = "torch-lmdb-getitems,torch-h5py,feedline,async-db,webdataset"
-    rc = main(["bench", "peers", "--quick", "--samples", "1200", "--loaders", loaders,
-               "--cache", str(tmp_path / "cache"), "--out", str(out), "--timeout", "300"])
+    rc = main(
+        [
+            "bench",
+            "peers",
+            "--quick",
+            "--samples",
+            "1200",
+            "--loaders",
+            loaders,
+            "--cache",
+            str(tmp_path / "cache"),
+            "--out",
+            str(out),
+            "--timeout",
+            "300",
+        ]
+    )
     assert rc == 0
     doc = json.loads((out / "peers.json").read_text())
     rows = {r["loader"]: r for r in doc["rows"]}

@@ -54,7 +54,9 @@ def test_labels_from_directory_names(tmp_path):
     root = _npz_dir(str(tmp_path / "d"), n=9, sub=lambda i: ["cat", "ant", "dog"][i % 3])
     with feedline.open_dataset(root, format="files", labels="dirname") as ds:
         ix = ds.index
-        got = {os.path.basename(os.path.dirname(f)): int(lab) for f, lab in zip(ix.files, ix.labels)}
+        got = {
+            os.path.basename(os.path.dirname(f)): int(lab) for f, lab in zip(ix.files, ix.labels)
+        }
     assert got == {"ant": 0, "cat": 1, "dog": 2}
 
 
@@ -62,11 +64,11 @@ def test_bad_inputs_are_typed_errors(tmp_path):
     root = _npz_dir(str(tmp_path / "d"), n=3)
     with pytest.raises(ConfigError, match="need 3 labels"):
         np.save(str(tmp_path / "l.npy"), np.arange(5))
-        feedline.open_dataset(root, format="files", labels=str(tmp_path / "l.npy")).index
+        feedline.open_dataset(root, format="files", labels=str(tmp_path / "l.npy")).index  # noqa: B018
     (tmp_path / "d" / "img_999.npz").write_bytes(b"")
-    with pytest.raises(CorruptDataError, match="img_999.npz @ byte 0: empty file"):
-        feedline.open_dataset(root, format="files", sidecar=False).index
-    with pytest.raises(CorruptDataError, match="x.npz @ byte 0: not a readable .npz"):
+    with pytest.raises(CorruptDataError, match=r"img_999\.npz @ byte 0: empty file"):
+        feedline.open_dataset(root, format="files", sidecar=False).index  # noqa: B018
+    with pytest.raises(CorruptDataError, match=r"x\.npz @ byte 0: not a readable \.npz"):
         load_npz(b"PK\x03\x04garbage", "x.npz")
     (tmp_path / "e").mkdir()
     with pytest.raises(UnsupportedFormatError, match="no files ending in"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["Loader", "dataset_for"]
+__all__ = ["Loader", "dataset_for"]  # noqa: F822 - Loader: module __getattr__
 
 #: DLIO's format names -> feedline format and its options
 _FORMATS: dict[str, tuple[str, dict[str, Any]]] = {

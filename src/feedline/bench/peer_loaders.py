@@ -168,21 +168,34 @@ def import_streaming(notes: list[str] | None = None) -> Any:
         if "torchvision" not in repr(e) and "torchvision" not in str(getattr(e, "name", "")):
             raise
         why = str(e).splitlines()[-1][:120]
-    for k in [k for k in sys.modules if k == "torchvision" or k.startswith(("torchvision.", "streaming"))]:
+    for k in [
+        k for k in sys.modules if k == "torchvision" or k.startswith(("torchvision.", "streaming"))
+    ]:
         del sys.modules[k]
     tv = types.ModuleType("torchvision")
-    ds, tr, fn = (types.ModuleType(f"torchvision.{m}") for m in ("datasets", "transforms", "transforms.functional"))
+    ds, tr, fn = (
+        types.ModuleType(f"torchvision.{m}")
+        for m in ("datasets", "transforms", "transforms.functional")
+    )
     ds.VisionDataset = object
     ds.CIFAR10 = object
     fn.to_tensor = lambda x: x
     tv.datasets, tv.transforms, tr.functional = ds, tr, fn
-    sys.modules.update({"torchvision": tv, "torchvision.datasets": ds, "torchvision.transforms": tr,
-                        "torchvision.transforms.functional": fn})
+    sys.modules.update(
+        {
+            "torchvision": tv,
+            "torchvision.datasets": ds,
+            "torchvision.transforms": tr,
+            "torchvision.transforms.functional": fn,
+        }
+    )
     import streaming
 
     if notes is not None:
-        notes.append(f"workaround: torchvision fails to import here ({why}); stubbed for "
-                     "streaming.vision, which the bench does not use")
+        notes.append(
+            f"workaround: torchvision fails to import here ({why}); stubbed for "
+            "streaming.vision, which the bench does not use"
+        )
     return streaming
 
 
@@ -212,8 +225,11 @@ class _LitItem:
     def __call__(self, i: int) -> dict[str, Any]:
         if self._vals is None:
             self._vals = [v for _, v in _records(self.path)]
-        return {"id": i, "label": int(label_of(np.array([i]), self.n, self.classes)[0]),
-                "x": self._vals[i]}
+        return {
+            "id": i,
+            "label": int(label_of(np.array([i]), self.n, self.classes)[0]),
+            "x": self._vals[i],
+        }
 
 
 def convert_litdata(ctx: PeerContext) -> str:
@@ -356,7 +372,9 @@ def _torch_loop(ctx: PeerContext, ds: Any, workers: int) -> Iterator[np.ndarray]
 def torch_lmdb(workers: int, batched: bool) -> Callable[[PeerContext], Iterator[np.ndarray]]:
     def loop(ctx: PeerContext) -> Iterator[np.ndarray]:
         ds = LmdbMap(ctx.lmdb, batched)
-        ctx.notes.append("py-lmdb txn.get per sample" + (", __getitems__ -> getmulti" if batched else ""))
+        ctx.notes.append(
+            "py-lmdb txn.get per sample" + (", __getitems__ -> getmulti" if batched else "")
+        )
         yield from _torch_loop(ctx, ds, workers)
 
     return loop
@@ -381,14 +399,14 @@ def mosaic(ctx: PeerContext) -> Iterator[np.ndarray]:
 
     StreamingDataset = import_streaming(ctx.notes).StreamingDataset
 
-    ds = StreamingDataset(local=convert_mds(ctx), shuffle=True, shuffle_seed=ctx.seed + 1,
-                          batch_size=ctx.batch)
+    ds = StreamingDataset(
+        local=convert_mds(ctx), shuffle=True, shuffle_seed=ctx.seed + 1, batch_size=ctx.batch
+    )
     ctx.notes.append(
         f"StreamingDataset(local=MDS, shuffle=True [default algo], batch_size={ctx.batch}), "
         f"DataLoader(num_workers={ctx.workers})"
     )
-    dl = DataLoader(ds, batch_size=ctx.batch, num_workers=ctx.workers,
-                    collate_fn=_mds_ids)
+    dl = DataLoader(ds, batch_size=ctx.batch, num_workers=ctx.workers, collate_fn=_mds_ids)
     yield from dl
 
 
@@ -404,8 +422,13 @@ def webdataset(ctx: PeerContext) -> Iterator[np.ndarray]:
     urls = sorted(os.path.join(out, f) for f in os.listdir(out) if f.endswith(".tar"))
     buf = 5000
     ds = (
-        wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=lambda u: itertools.islice(u, ctx.rank, None, ctx.size),
-                       seed=ctx.seed, empty_check=False)
+        wds.WebDataset(
+            urls,
+            shardshuffle=len(urls),
+            nodesplitter=lambda u: itertools.islice(u, ctx.rank, None, ctx.size),
+            seed=ctx.seed,
+            empty_check=False,
+        )
         .shuffle(buf)
         .batched(ctx.batch, partial=True)
     )
@@ -441,7 +464,9 @@ def tfdata(ctx: PeerContext) -> Iterator[np.ndarray]:
     buf = 10_000
     ds = tf.data.Dataset.from_tensor_slices(files).shard(ctx.size, ctx.rank)
     ds = ds.shuffle(len(files), seed=ctx.seed).interleave(
-        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE,
+        tf.data.TFRecordDataset,
+        cycle_length=4,
+        num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=False,
     )
     ds = ds.shuffle(buf, seed=ctx.seed).batch(ctx.batch).prefetch(tf.data.AUTOTUNE)
@@ -462,8 +487,9 @@ def feedline_loop(preset: str, fmt: str) -> Callable[[PeerContext], Iterator[np.
         path = ctx.lmdb if fmt == "lmdb" else convert_tfrecord(ctx)
         comm = world_comm()
         ds = open_dataset(path, comm=comm, progress=False)
-        loader = Loader(ds, ctx.batch * ctx.size, preset=preset, seed=ctx.seed, comm=comm,
-                        decode=False)
+        loader = Loader(
+            ds, ctx.batch * ctx.size, preset=preset, seed=ctx.seed, comm=comm, decode=False
+        )
         loader.set_epoch(0)
         ctx.notes.append(f"feedline.Loader(preset={preset!r}, decode=False) on the {fmt} copy")
         try:

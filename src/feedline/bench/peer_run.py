@@ -197,8 +197,11 @@ def main(argv: list[str] | None = None) -> int:
             doc = run_epoch(cfg["name"], ctx, out, int(cfg.get("port", 0)))
     except BaseException as e:  # the row says why, the bench goes on
         last = [ln for ln in str(e).splitlines() if ln.strip()][-1:] or [""]
-        doc = {"rank": rank, "error": f"{type(e).__name__}: {last[0].strip()}"[:300],
-               "traceback": traceback.format_exc()[-2000:]}
+        doc = {
+            "rank": rank,
+            "error": f"{type(e).__name__}: {last[0].strip()}"[:300],
+            "traceback": traceback.format_exc()[-2000:],
+        }
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(doc, f)
     sys.stdout.flush()

@@ -34,34 +34,81 @@ from ..errors import ConfigError
 from . import peer_loaders as pl
 
 DEFAULT_LOADERS = list(pl.LOADERS)
-QUICK_LOADERS = ["torch-lmdb", "torch-lmdb-getitems", "torch-h5py", "feedline", "async-db",
-                 "feedline-tfrecord", "webdataset", "mosaic", "litdata", "tf.data"]
+QUICK_LOADERS = [
+    "torch-lmdb",
+    "torch-lmdb-getitems",
+    "torch-h5py",
+    "feedline",
+    "async-db",
+    "feedline-tfrecord",
+    "webdataset",
+    "mosaic",
+    "litdata",
+    "tf.data",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--samples", "-n", type=int, default=None, metavar="N",
-                        help="samples (default 200,000; 4,000 with --quick)")
-    parser.add_argument("--batch-size", type=int, default=256, metavar="B",
-                        help="global batch (default 256), split evenly over the ranks")
-    parser.add_argument("--ranks", default=None, metavar="LIST",
-                        help="process counts to run, e.g. 1,2,4 (default 1,2; 1 with --quick)")
-    parser.add_argument("--loaders", default=None, metavar="LIST",
-                        help=f"loaders (default all): {','.join(pl.LOADERS)}")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="DataLoader workers of the streaming peers (default 2)")
+    parser.add_argument(
+        "--samples",
+        "-n",
+        type=int,
+        default=None,
+        metavar="N",
+        help="samples (default 200,000; 4,000 with --quick)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        metavar="B",
+        help="global batch (default 256), split evenly over the ranks",
+    )
+    parser.add_argument(
+        "--ranks",
+        default=None,
+        metavar="LIST",
+        help="process counts to run, e.g. 1,2,4 (default 1,2; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--loaders",
+        default=None,
+        metavar="LIST",
+        help=f"loaders (default all): {','.join(pl.LOADERS)}",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="DataLoader workers of the streaming peers (default 2)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--path", metavar="LMDB",
-                        help="an existing class-sorted cifar10-large LMDB (e.g. an emulator view "
-                        "'/tmp/emu/node0'); copies go to --cache")
-    parser.add_argument("--cache", metavar="DIR",
-                        help="where the dataset and its copies are kept "
-                        "(default $FEEDLINE_CACHE_DIR/peers/N)")
-    parser.add_argument("--quick", action="store_true",
-                        help="4,000 samples, 1 process: the CI smoke test")
-    parser.add_argument("--timeout", type=float, default=1800,
-                        help="seconds a loader may run before its row says 'timed out'")
-    parser.add_argument("--out", default="bench-out", metavar="DIR",
-                        help="directory for peers.md and peers.json (default bench-out)")
+    parser.add_argument(
+        "--path",
+        metavar="LMDB",
+        help="an existing class-sorted cifar10-large LMDB (e.g. an emulator view "
+        "'/tmp/emu/node0'); copies go to --cache",
+    )
+    parser.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="where the dataset and its copies are kept (default $FEEDLINE_CACHE_DIR/peers/N)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="4,000 samples, 1 process: the CI smoke test"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1800,
+        help="seconds a loader may run before its row says 'timed out'",
+    )
+    parser.add_argument(
+        "--out",
+        default="bench-out",
+        metavar="DIR",
+        help="directory for peers.md and peers.json (default bench-out)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the JSON here")
 
 
@@ -84,8 +131,9 @@ def dataset(args: argparse.Namespace, n: int) -> tuple[str, str]:
         from ..generate import run as generate
 
         os.makedirs(cache, exist_ok=True)
-        generate("cifar10-large", lmdb_dir, samples=n, seed=args.seed, force=True,
-                 show_progress=False)
+        generate(
+            "cifar10-large", lmdb_dir, samples=n, seed=args.seed, force=True, show_progress=False
+        )
         with open(os.path.join(lmdb_dir, ".complete"), "w") as f:
             f.write("ok\n")
     return lmdb_dir, cache
@@ -111,11 +159,13 @@ def _launch(cfg: dict[str, Any], ranks: int, timeout: float) -> list[dict[str, A
         cmd = [sys.executable, "-m", "feedline.bench.peer_run", path]
         if ranks > 1:
             cmd = [mpiexec_command(), "-n", str(ranks), *cmd]
-        env = dict(os.environ, FEEDLINE_NODES="1", TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONWARNINGS="ignore")
+        env = dict(
+            os.environ, FEEDLINE_NODES="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONWARNINGS="ignore"
+        )
         try:
-            proc = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True,
-                                  check=False)
+            proc = subprocess.run(
+                cmd, env=env, timeout=timeout, capture_output=True, text=True, check=False
+            )
         except subprocess.TimeoutExpired:
             return [{"error": f"timed out after {timeout:.0f} s"}]
         docs = []
@@ -123,8 +173,12 @@ def _launch(cfg: dict[str, Any], ranks: int, timeout: float) -> list[dict[str, A
             p = os.path.join(tmp, f"rank-{r}.json")
             if not os.path.exists(p):
                 tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-                return [{"error": f"rank {r} left no result (exit {proc.returncode}): "
-                         + " | ".join(tail)[:400]}]
+                return [
+                    {
+                        "error": f"rank {r} left no result (exit {proc.returncode}): "
+                        + " | ".join(tail)[:400]
+                    }
+                ]
             with open(p) as f:
                 d = json.load(f)
             q = os.path.join(tmp, f"ids-{r}.npz")
@@ -168,21 +222,23 @@ def delivered(docs: list[dict[str, Any]], n: int, classes: int, batch: int) -> d
     from ..plan.rl import rl_of_sequence
 
     return {
-        "delivered": int(len(order)),
-        "distinct": int(len(uniq)),
+        "delivered": len(order),
+        "distinct": len(uniq),
         "duplicates": int(len(order) - len(uniq)),
         "missing": int(n - len(uniq) + len(bad)),
-        "foreign": int(len(bad)),
+        "foreign": len(bad),
         "exactly_once": bool(len(order) == n and len(uniq) == n and not len(bad)),
         "classes_per_batch": float(np.mean([len(np.unique(lab)) for lab in labels]))
-        if labels else None,
+        if labels
+        else None,
         "spearman": spearman(order),
         "rl": float(rl_of_sequence(tuple(order.tolist()))) if len(order) > 1 else None,
     }
 
 
-def measure(name: str, ranks: int, lmdb_dir: str, cache: str, args: argparse.Namespace,
-            n: int) -> dict[str, Any]:
+def measure(
+    name: str, ranks: int, lmdb_dir: str, cache: str, args: argparse.Namespace, n: int
+) -> dict[str, Any]:
     from .limit import evict
 
     row: dict[str, Any] = {"loader": name, "ranks": ranks, "what": pl.LOADERS[name][1]}
@@ -190,8 +246,16 @@ def measure(name: str, ranks: int, lmdb_dir: str, cache: str, args: argparse.Nam
     if missing:
         row["error"] = f"not installed (pip install feedline[peers]: needs {missing})"
         return row
-    cfg = {"name": name, "lmdb": lmdb_dir, "cache": cache, "n": n, "classes": 10,
-           "batch": args.batch_size, "seed": args.seed, "workers": args.workers}
+    cfg = {
+        "name": name,
+        "lmdb": lmdb_dir,
+        "cache": cache,
+        "n": n,
+        "classes": 10,
+        "batch": args.batch_size,
+        "seed": args.seed,
+        "workers": args.workers,
+    }
     prep = _launch(dict(cfg, mode="prepare"), 1, args.timeout)
     if prep[0].get("error"):
         row["error"] = "conversion failed: " + prep[0]["error"]
@@ -228,8 +292,10 @@ def _f(x: Any, spec: str) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    head = ("| loader | P | samples/s | wait/step ms | first batch s | peak RSS MB | read MB "
-            "| read calls | classes/batch | Spearman | RL | exactly once |")
+    head = (
+        "| loader | P | samples/s | wait/step ms | first batch s | peak RSS MB | read MB "
+        "| read calls | classes/batch | Spearman | RL | exactly once |"
+    )
     lines = [
         f"`feedline bench peers`: {doc['samples']:,} samples of ~3 KB, class-sorted "
         f"({doc['classes']} classes), global batch {doc['batch_size']}, local disk, cold cache; "
@@ -242,8 +308,9 @@ def markdown(doc: dict[str, Any]) -> str:
         if r.get("error"):
             lines.append(f"| {r['loader']} | {r['ranks']} | {r['error']} |" + " |" * 9)
             continue
-        once = "yes" if r["exactly_once"] else (
-            f"no: {r['duplicates']} dup, {r['missing']} missing")
+        once = (
+            "yes" if r["exactly_once"] else (f"no: {r['duplicates']} dup, {r['missing']} missing")
+        )
         lines.append(
             f"| {r['loader']} | {r['ranks']} | {_f(r['samples_per_s'], ',.0f')} "
             f"| {_f(r['wait_ms'], '.2f')} | {_f(r['ttfb_s'], '.2f')} | {_f(r['peak_rss_mb'], '.0f')} "
@@ -262,8 +329,11 @@ def markdown(doc: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     n = args.samples or (4000 if args.quick else 200_000)
     ranks = [int(x) for x in (args.ranks or ("1" if args.quick else "1,2")).split(",") if x]
-    names = (args.loaders.split(",") if args.loaders
-             else (QUICK_LOADERS if args.quick else DEFAULT_LOADERS))
+    names = (
+        args.loaders.split(",")
+        if args.loaders
+        else (QUICK_LOADERS if args.quick else DEFAULT_LOADERS)
+    )
     unknown = [x for x in names if x not in pl.LOADERS]
     if unknown:
         raise ConfigError(f"unknown loader(s) {unknown}; known: {list(pl.LOADERS)}")
@@ -277,10 +347,18 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             msg = row.get("error") or (
                 f"{row['samples_per_s']:,.0f} samples/s, {row['classes_per_batch']:.1f} "
-                "classes/batch")
+                "classes/batch"
+            )
             print(f"peers: {name} x{r}: {msg}", flush=True)
-    doc = {"scenario": "peers", "samples": n, "classes": 10, "batch_size": args.batch_size,
-           "ranks": ranks, "load": " ".join(f"{x:.1f}" for x in os.getloadavg()), "rows": rows}
+    doc = {
+        "scenario": "peers",
+        "samples": n,
+        "classes": 10,
+        "batch_size": args.batch_size,
+        "ranks": ranks,
+        "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "rows": rows,
+    }
     os.makedirs(args.out, exist_ok=True)
     text = markdown(doc)
     with open(os.path.join(args.out, "peers.md"), "w") as f:

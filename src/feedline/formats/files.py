@@ -98,7 +98,9 @@ class FilesFormat(Format):
             return np.array([code[d] for d in rel], dtype=np.int64)
         labels = np.load(os.fspath(spec), allow_pickle=False)
         if labels.ndim != 1 or len(labels) != n:
-            raise ConfigError(f"labels {spec!r}: need {n} labels (one per file), got {labels.shape}")
+            raise ConfigError(
+                f"labels {spec!r}: need {n} labels (one per file), got {labels.shape}"
+            )
         return labels.astype(np.int64)
 
 
