@@ -55,7 +55,8 @@ def test_labels_from_directory_names(tmp_path):
     with feedline.open_dataset(root, format="files", labels="dirname") as ds:
         ix = ds.index
         got = {
-            os.path.basename(os.path.dirname(f)): int(lab) for f, lab in zip(ix.files, ix.labels)
+            os.path.basename(os.path.dirname(f)): int(lab)
+            for f, lab in zip(ix.files, ix.labels, strict=True)
         }
     assert got == {"ant": 0, "cat": 1, "dog": 2}
 
