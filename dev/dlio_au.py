@@ -51,7 +51,7 @@ WORKLOADS = {
         "tensorflow",
         70,
         [
-            "++workload.dataset.num_files_train=256",
+            "++workload.dataset.num_files_train=64",
         ],
     ),
     "cosmoflow-hdf5": (
@@ -59,7 +59,7 @@ WORKLOADS = {
         "pytorch",
         70,
         [
-            "++workload.dataset.num_files_train=256",
+            "++workload.dataset.num_files_train=64",
             "++workload.dataset.format=hdf5",
             "++workload.framework=pytorch",
             "++workload.reader.data_loader=pytorch",
