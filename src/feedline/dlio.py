@@ -62,6 +62,7 @@ def _make_loader(base: type) -> type:
         def __init__(self, format_type: Any, dataset_type: Any, epoch: int) -> None:
             super().__init__(format_type, dataset_type, epoch, DataLoaderType.CUSTOM)
             self._loader: Any = None
+            self._epoch: Any = None
             self.preset = os.environ.get("FEEDLINE_DLIO_PRESET", "feedline")
 
         def read(self) -> None:
@@ -86,14 +87,22 @@ def _make_loader(base: type) -> type:
             if self._loader is None:
                 self.read()
             self._loader.set_epoch(max(0, int(self.epoch_number) - 1))
-            for batch in self._loader:
+            self._epoch = iter(self._loader)
+            for batch in self._epoch:
                 yield batch.data
+            self._epoch = None
             self.epoch_number += 1
 
         def finalize(self) -> None:
+            # DLIO calls this after every epoch: end the pass, keep the Loader (its
+            # dataset, index and threads' set-up) for the next epoch
+            if self._epoch is not None:
+                self._epoch.close()
+                self._epoch = None
+
+        def __del__(self) -> None:
             if self._loader is not None:
                 self._loader.close()
-                self._loader = None
 
     Loader.__module__ = __name__
     Loader.__qualname__ = "Loader"
