@@ -61,6 +61,9 @@ WORKLOADS = {
         [
             "++workload.dataset.num_files_train=64",
             "++workload.dataset.format=hdf5",
+        # DLIO's HDF5 generator draws generation_buffer_size (default 2 GB) of random data
+        # per 2.8 MB file: ~1 file a minute here
+        "++workload.dataset.generation_buffer_size=8388608",
             "++workload.framework=pytorch",
             "++workload.reader.data_loader=pytorch",
         ],
