@@ -20,8 +20,10 @@ exactly-once check of the delivered ids. Peers not installed get a row saying so
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -162,17 +164,30 @@ def _launch(cfg: dict[str, Any], ranks: int, timeout: float) -> list[dict[str, A
         env = dict(
             os.environ, FEEDLINE_NODES="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONWARNINGS="ignore"
         )
+        # a session of its own: on timeout the whole group goes, DataLoader workers too
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(
-                cmd, env=env, timeout=timeout, capture_output=True, text=True, check=False
-            )
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             return [{"error": f"timed out after {timeout:.0f} s"}]
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # orphaned workers, if any
+                os.killpg(proc.pid, signal.SIGKILL)
         docs = []
         for r in range(ranks):
             p = os.path.join(tmp, f"rank-{r}.json")
             if not os.path.exists(p):
-                tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+                tail = (err or out or "").strip().splitlines()[-3:]
                 return [
                     {
                         "error": f"rank {r} left no result (exit {proc.returncode}): "
