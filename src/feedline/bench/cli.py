@@ -19,6 +19,7 @@ SCENARIOS = {
         "feedline.bench.deepio_bench",
         "DeepIO Figs. 9, 10, 13, Table I and RL: the in-memory store",
     ),
+    "peers": ("feedline.bench.peers", "torch, Mosaic, WebDataset, LitData, tf.data vs feedline"),
     "readers": ("feedline.bench.readers", "pread vs mmap vs per-sample reads (LMDBIO Fig. 8)"),
     "compressed": (
         "feedline.bench.compressed",

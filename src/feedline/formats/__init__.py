@@ -18,6 +18,7 @@ _MODULES = {
     "tfrecord": "feedline.formats.tfrecord",
     "npy": "feedline.formats.npy",
     "records": "feedline.formats.records",
+    "files": "feedline.formats.files",
 }
 
 
@@ -59,6 +60,8 @@ def detect(path) -> str:
         return "tfrecord"
     if low.endswith(".npy"):
         return "npy"
+    if low.endswith((".npz", ".jpg", ".jpeg", ".png")):
+        return "files"
     if os.path.isdir(p):
         names = sorted(f.lower() for f in os.listdir(p) if not f.startswith("."))
         for ext, fmt in (
@@ -72,6 +75,10 @@ def detect(path) -> str:
         ):
             if any(n.endswith(ext) for n in names):
                 return fmt
+        from .files import EXTENSIONS
+
+        if any(n.endswith(EXTENSIONS) for n in names):
+            return "files"
     if os.path.isfile(p):
         from .tfrecord import looks_like_gzip_tfrecord
 
@@ -81,8 +88,10 @@ def detect(path) -> str:
         p,
         "cannot tell the format. Tried: an LMDB directory (holding data.mdb) or a .mdb "
         "file; the extensions .h5/.hdf5 (hdf5), .tfrecord/.tfrecords (tfrecord), .npy "
-        "(npy)" + (" on the files inside the directory" if os.path.isdir(p) else "") + ". "
-        "Pass format= one of lmdb, hdf5, tfrecord, npy, records "
+        "(npy), .npz/.jpg/.png files (files)"
+        + (" on the files inside the directory" if os.path.isdir(p) else "")
+        + ". "
+        "Pass format= one of lmdb, hdf5, tfrecord, npy, files, records "
         "(fixed-size binary records: format='records', record_bytes=...)",
     )
 
