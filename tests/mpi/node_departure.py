@@ -38,8 +38,8 @@ from loader_common import open_records, record_bytes
 
 import feedline.pipeline.node as node_mod
 from feedline import Loader
-from feedline.plan import Strategy
 from feedline.errors import FeedlineError
+from feedline.plan import Strategy
 
 node_mod.STALL_S = 1.5
 node_mod.CLOSE_GRACE_S = 1.0

@@ -12,6 +12,8 @@ statistically alike, so a handful of sampled units gives the per-reader figures 
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any
 
 import numpy as np
@@ -124,10 +126,8 @@ def _payload(records, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         if lengths is None:
             _, _, lengths = records.extents(np.arange(records.n, dtype=np.int64))
         csum = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
-        try:
+        with contextlib.suppress(AttributeError, TypeError):  # frozen records: recomputed
             records._len_csum = csum
-        except (AttributeError, TypeError):  # pragma: no cover - frozen records
-            pass
     return csum[hi] - csum[lo]
 
 
