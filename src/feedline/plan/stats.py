@@ -13,7 +13,6 @@ statistically alike, so a handful of sampled units gives the per-reader figures 
 from __future__ import annotations
 
 import contextlib
-
 from typing import Any
 
 import numpy as np
