@@ -196,7 +196,13 @@ TEST_P(EngineMethods, MissingFileIsStorageFailure) {
 INSTANTIATE_TEST_SUITE_P(Methods, EngineMethods,
                          ::testing::Values(IoMethod::pread, IoMethod::odirect, IoMethod::mmap,
                                            IoMethod::pread_random),
-                         [](const auto& info) { return std::string(feedline::to_string(info.param)); });
+                         [](const auto& info) {
+                           std::string name = feedline::to_string(info.param);
+                           for (char& c : name) {
+                             if (c == '-') c = '_';  // test names are identifiers
+                           }
+                           return name;
+                         });
 
 TEST(IoEngine, LargeExtentIsSplitIntoChunksOverThreads) {
   TempFiles t;
