@@ -23,7 +23,7 @@ def test_quick_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     doc = json.loads((tmp_path / "doc.json").read_text())
     assert doc["scenario"] == "lmdbio" and doc["baseline"] == "lmdb"
-    assert [r["name"] for r in doc["runs"]] == list(PRESETS)
+    assert [r["name"] for r in doc["runs"]] == [*PRESETS, "feedline"]  # the ladder, then ours
     assert doc["limit_MBps"] and doc["limit_MBps"] > 0
     by = {r["name"]: r for r in doc["runs"]}
     assert all(r["error"] is None and r["ranks"] == 4 and r["nodes"] == 2 for r in by.values())

@@ -238,7 +238,10 @@ class Dataset:
         detected from the first records (an LMDB whose records are not Caffe ``Datum``
         gives raw bytes, said once in the ``feedline`` log and in ``feedline inspect``)."""
         if self._decode is None:
-            note = self._fmt.detect_decode(self.index)
+            try:
+                note = self._fmt.detect_decode(self.index)
+            except OSError:  # unreadable now: the reads say so, typed, on every rank
+                note = None
             self._decode = note is None
             if note is not None:
                 self.decode_note = note

@@ -211,7 +211,9 @@ class Loader:
         self._index = dataset.index
         self.n = len(self._index)
         self.decode = dataset.decodes if decode is None else decode
-        self._decoder = dataset.decoder_for(True) if self.decode else None
+        # the decoder is made at the first batch (a Datum decoder reads record 0 to learn
+        # the shape: at construction an unreadable file would escape untyped, on one rank)
+        self._decoder = None
         if self.drop_last and self.n and self.n < self.batch_size:
             raise ConfigError(
                 f"drop_last=True with a global batch of {self.batch_size} and {self.n} "
@@ -559,7 +561,9 @@ class Loader:
         ids, lengths, records = raw.ids, raw.lengths, raw.data
         if self._index.packed is not None:  # compressed: unpack spans into records
             records, lengths = self.dataset.unpack(records, lengths, ids)
-        if self._decoder is not None:
+        if self.decode:
+            if self._decoder is None:
+                self._decoder = self.dataset.decoder_for(True)
             data, labels = self._decoder.decode(records, lengths, np.asarray(ids, np.int64))
         else:
             data = records
