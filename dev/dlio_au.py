@@ -61,11 +61,11 @@ WORKLOADS = {
         [
             "++workload.dataset.num_files_train=64",
             "++workload.dataset.format=hdf5",
-        # DLIO's HDF5 generator draws generation_buffer_size (default 2 GB) of random data
-        # per 2.8 MB file: ~1 file a minute here
-        "++workload.dataset.generation_buffer_size=8388608",
-        # feedline's hdf5 format wants one row shape across files (docs/dlio.md)
-        "++workload.dataset.record_length_stdev=0",
+            # DLIO's HDF5 generator draws generation_buffer_size (default 2 GB) of random data
+            # per 2.8 MB file: ~1 file a minute here
+            "++workload.dataset.generation_buffer_size=8388608",
+            # feedline's hdf5 format wants one row shape across files (docs/dlio.md)
+            "++workload.dataset.record_length_stdev=0",
             "++workload.framework=pytorch",
             "++workload.reader.data_loader=pytorch",
         ],

@@ -45,9 +45,7 @@ def test_feedline_reads_are_megabytes_not_groups():
     # the demo's shape: 20,000 x 3 KB records, B = 1024, 4 ranks on 2 nodes
     rec = FlatRecords(20_000, 3072)
     tiled = make_plan(rec, WorldSpec(4, 2), TILES, 0, 0, 1024)
-    per_column = make_plan(
-        rec, WorldSpec(4, 2), get_strategy(TILES, chunk_bytes=0), 0, 0, 1024
-    )
+    per_column = make_plan(rec, WorldSpec(4, 2), get_strategy(TILES, chunk_bytes=0), 0, 0, 1024)
     assert isinstance(tiled._stream, TiledColumnStream)
     assert isinstance(per_column._stream, ColumnChunkStream)
     ops, old = _ops(tiled), _ops(per_column)

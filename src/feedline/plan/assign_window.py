@@ -62,8 +62,10 @@ class WindowStream:
         else:
             firsts = np.arange(P + 1, dtype=np.int64)
         # unit u owns Q positions [starts[u], starts[u+1]) (the layouts' arithmetic)
-        self.starts = (S - 1) * _bound(B, P, firsts) + _bound(geo.last, P, firsts) if S else (
-            np.zeros(len(firsts), dtype=np.int64)
+        self.starts = (
+            (S - 1) * _bound(B, P, firsts) + _bound(geo.last, P, firsts)
+            if S
+            else (np.zeros(len(firsts), dtype=np.int64))
         )
         self.starts = np.asarray(self.starts, dtype=np.int64)
         #: samples a unit consumes per full step

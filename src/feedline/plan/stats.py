@@ -135,7 +135,9 @@ def _piece_ranges(records, lo: np.ndarray, hi: np.ndarray):
     the ``EDGE_RECORDS`` records at each end of the range."""
     cnt = np.minimum(hi - lo, EDGE_RECORDS)
     head = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-    tail = np.repeat(hi - cnt, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    tail = np.repeat(hi - cnt, cnt) + (
+        np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    )
     starts = np.cumsum(cnt) - cnt
     hf, ho, _ = records.extents(head)
     tf, to, tl = records.extents(tail)

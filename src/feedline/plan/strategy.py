@@ -134,7 +134,9 @@ class Strategy:
         if self.locate not in ("seek", "speculative", "index"):
             raise ConfigError(f"locate must be seek, speculative or index, not {self.locate!r}")
         if self.read not in ("mmap", "pread", "odirect", "pread-random"):
-            raise ConfigError(f"read must be mmap, pread, odirect or pread-random, not {self.read!r}")
+            raise ConfigError(
+                f"read must be mmap, pread, odirect or pread-random, not {self.read!r}"
+            )
         if self.store not in ("off", "ordered", "opportunistic", "auto"):
             raise ConfigError(
                 f"store must be off, ordered, opportunistic or auto, not {self.store!r}"
