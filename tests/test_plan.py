@@ -325,7 +325,7 @@ def test_coalesced_and_staggered_plans_deliver_the_same_samples(job, data):
     base = data.draw(st.sampled_from(["lmm-dio-prov", "contiguous", "tf", "async-db", "feedline"]))
     cap = (
         4
-        * 30
+        * (30 + PLAN_BYTES_PER_SAMPLE)  # longest record and the node sources' shared plan
         * (-(-B // world.size))
         * (-(-world.size // world.nodes))
         * data.draw(st.integers(1, 8))
