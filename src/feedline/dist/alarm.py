@@ -91,21 +91,6 @@ def unlink_mapped_shm(prefix: str = "/dev/shm/mpich_shm_") -> list[str]:
     return gone
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
 class Alarm:
     """One job's failure channel (see the module docstring). Collective to build."""
 
@@ -183,7 +168,7 @@ class Alarm:
         if self._local and now >= self._next_liveness:
             self._next_liveness = now + _LIVENESS_S
             for r, pid in self._local.items():
-                if not _pid_alive(pid):
+                if not pid_alive(pid):
                     self.dead.append(r)
                     self.failure = PeerFailedError(
                         r, f"rank {r} (pid {pid}) died (killed, or exited without feedline)"
@@ -315,6 +300,23 @@ class WaitBound:
                 "is stalled, blocked elsewhere or gone); see timeout_s= and "
                 "FEEDLINE_PEER_TIMEOUT_S"
             )
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process *pid* of this host still runs (a zombie counts as dead; when its
+    state cannot be read, alive)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def _any_source() -> int:

@@ -22,7 +22,7 @@ import numpy as np
 from .. import defaults
 from ..errors import ConfigError, FeedlineError
 from ..plan.world import WorldSpec
-from .alarm import Alarm
+from .alarm import Alarm, pid_alive
 from .alarm import register as register_alarm
 
 _LAUNCHER_ENV = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -161,21 +161,6 @@ class PeerWatch:
         host, pid = self._peers[rank]
         return f"rank {rank} (pid {pid} on {host})"
 
-    @staticmethod
-    def _alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-            return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
-        except (OSError, ValueError):
-            return True
-
     def dead(self) -> list[int]:
         """Ranks of this host found dead (checked at most every *interval_s*)."""
         now = time.monotonic()
@@ -185,7 +170,7 @@ class PeerWatch:
         self.gone = [
             r
             for r, (host, pid) in enumerate(self._peers)
-            if r != self._me and host == self._host and not self._alive(pid)
+            if r != self._me and host == self._host and not pid_alive(pid)
         ]
         return self.gone
 
