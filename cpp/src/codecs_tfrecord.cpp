@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <feedline/codecs.hpp>
+#include <feedline/detail/bytes.hpp>
 #include <feedline/errors.hpp>
 
 namespace feedline {
@@ -20,22 +21,9 @@ namespace {
 constexpr std::uint64_t kHeader = 12;  // u64 length + u32 masked crc of the length
 constexpr std::uint64_t kFooter = 4;   // u32 masked crc of the payload
 
-std::uint64_t load_u64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
-std::uint32_t load_u32(const std::uint8_t* p) {
-  return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 |
-         std::uint32_t{p[3]} << 24;
-}
-
-std::string hex(std::uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08x", v);
-  return buf;
-}
+using detail::hex;
+using detail::load_u32;
+using detail::load_u64;
 
 // Byte source the scanner reads from: a window [start, start+len) of the file.
 class Source {
