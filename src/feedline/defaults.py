@@ -54,6 +54,11 @@ KNOBS: dict[str, _Knob] = {
         10.0,
         "at exit after a failure, how long ranks wait for each other before MPI_Abort",
     ),
+    "abort_delay_s": _Knob(
+        0.5,
+        "pause between printing why a job ends and MPI_Abort, so that the launcher "
+        "forwards the message before it kills the processes",
+    ),
     "abort_on_error": _Knob(
         1, "1: after a failure, abort the MPI job at exit instead of hanging in MPI_Finalize"
     ),

@@ -378,5 +378,9 @@ def exit_guard() -> None:
         sys.stderr.flush()
         with contextlib.suppress(Exception):
             traceback.print_stack(limit=0)
+        # The launcher kills every process as soon as MPI_Abort reaches it and may drop
+        # output it has not forwarded yet (seen with Hydra: this message lost ~1 run in
+        # 10); give it a moment so the user learns why the job ended.
+        time.sleep(float(defaults.get("abort_delay_s")))
         MPI.COMM_WORLD.Abort(1)
     return
