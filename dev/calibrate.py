@@ -24,11 +24,11 @@ import numpy as np
 from mpi4py import MPI
 
 from feedline import Loader, open_dataset
-from feedline.bench.limit import drop_caches
 from feedline.plan.cost import choose, get_profile
 from feedline.plan.records import as_records
 from feedline.plan.strategy import PRESETS
 from feedline.plan.world import WorldSpec
+from feedline_tools.bench.limit import drop_caches
 
 TERMS = ("latency", "transfer", "first_window", "coordination")
 

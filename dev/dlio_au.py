@@ -100,7 +100,7 @@ def run_dlio(args: list[str], ranks: int, log: str) -> int:
 
 
 def evict(folder: str) -> None:
-    from feedline.bench.limit import evict as _evict
+    from feedline_tools.bench.limit import evict as _evict
 
     _evict([os.path.join(d, f) for d, _, names in os.walk(folder) for f in names])
 

@@ -48,7 +48,7 @@ def _lmdb_seeds() -> list[bytes]:
 
 
 def _tfrecord_seeds() -> list[bytes]:
-    from feedline.generate.writers import _frames
+    from feedline_tools.generate.writers import _frames
 
     rng = np.random.default_rng(0)
     seeds = [b""]

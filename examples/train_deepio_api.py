@@ -64,7 +64,7 @@ def main() -> None:
     seeds = a.seeds or os.path.join(os.path.dirname(os.path.abspath(a.data)), "deepio-seeds.json")
     if rank == 0:
         if not os.path.exists(os.path.join(a.data, "data.mdb")):
-            from feedline.make import generate
+            from feedline_tools.make import generate
 
             generate("cifar10-large", a.data, samples=a.samples, progress=False)
         deepio.generate_seed(a.epochs, seeds, seed=1)

@@ -108,7 +108,7 @@ def train(a) -> None:
     comm = mpi_comm()
     rank, size = init_ddp(comm)
     if rank == 0 and not os.path.exists(os.path.join(a.data, "data.mdb")):
-        from feedline.make import generate
+        from feedline_tools.make import generate
 
         generate("cifar10-large", a.data, samples=a.samples, progress=False)
     if comm is not None:

@@ -16,11 +16,13 @@ import subprocess
 import numpy as np
 import pytest
 
-from feedline.bench import limit, report
-from feedline.bench.digest import DeliveryRecorder, digest_of, gather_digest
-from feedline.bench.harness import RunSpec, add_common_arguments, exit_code, run_scenario
-from feedline.bench.readers import generate
-from feedline.bench.runners import (
+from feedline.errors import ConfigError
+from feedline.plan import FlatRecords
+from feedline_tools.bench import limit, report
+from feedline_tools.bench.digest import DeliveryRecorder, digest_of, gather_digest
+from feedline_tools.bench.harness import RunSpec, add_common_arguments, exit_code, run_scenario
+from feedline_tools.bench.readers import generate
+from feedline_tools.bench.runners import (
     DatasetSpec,
     RunContext,
     Source,
@@ -29,9 +31,7 @@ from feedline.bench.runners import (
     records_index,
     split,
 )
-from feedline.bench.worker import execute
-from feedline.errors import ConfigError
-from feedline.plan import FlatRecords
+from feedline_tools.bench.worker import execute
 
 REC = 96
 

@@ -10,10 +10,10 @@ import h5py
 import numpy as np
 import pytest
 
-from feedline.bench.async_bench import QUICK
-from feedline.bench.digest import digest_of
-from feedline.bench.runners import assignment
 from feedline.cli import main
+from feedline_tools.bench.async_bench import QUICK
+from feedline_tools.bench.digest import digest_of
+from feedline_tools.bench.runners import assignment
 
 
 def _digest_from_files(path: str, batch: int, ranks: int, kind: str, epochs: int = 1) -> str:

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from feedline.bench import limit
-from feedline.bench.readers import generate
+from feedline_tools.bench import limit
+from feedline_tools.bench.readers import generate
 
 pytestmark = [pytest.mark.fuse, pytest.mark.mpi]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from feedline.bench import report
-from feedline.bench.digest import digest_of
-from feedline.bench.harness import mpiexec_command
-from feedline.bench.readers import generate
-from feedline.bench.runners import assignment
 from feedline.plan.world import WorldSpec
+from feedline_tools.bench import report
+from feedline_tools.bench.digest import digest_of
+from feedline_tools.bench.harness import mpiexec_command
+from feedline_tools.bench.readers import generate
+from feedline_tools.bench.runners import assignment
 
 pytestmark = pytest.mark.mpi
 REC = 3072  # the readers scenario's default record

@@ -11,8 +11,8 @@ import h5py
 import numpy as np
 import pytest
 
-from feedline.bench.overhead import _PreadRows, generate, pin_process, unpin_process
 from feedline.cli import main
+from feedline_tools.bench.overhead import _PreadRows, generate, pin_process, unpin_process
 
 
 def test_pin_process_pins_every_thread_and_restores():

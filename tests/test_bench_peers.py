@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from feedline.bench import peer_loaders as pl
-from feedline.bench.peers import delivered, spearman
 from feedline.cli import main
+from feedline_tools.bench import peer_loaders as pl
+from feedline_tools.bench.peers import delivered, spearman
 
 
 def _doc(steps_per_rank):

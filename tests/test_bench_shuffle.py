@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from feedline.bench.shuffle import PAPER_GROUPS, PAPER_MEMORY, class_mix, epoch_order, orders
 from feedline.cli import main
 from feedline.plan import WorldSpec
+from feedline_tools.bench.shuffle import PAPER_GROUPS, PAPER_MEMORY, class_mix, epoch_order, orders
 
 
 def test_orders_are_permutations_and_class_mix_orders_them():

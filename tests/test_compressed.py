@@ -20,8 +20,8 @@ import pytest
 
 from feedline import CorruptDataError, Loader, UnsupportedFormatError, open_dataset
 from feedline.formats.tfrecord import frame, write_tfrecord
-from feedline.make import generate
 from feedline.pipeline.world import LoaderWorld
+from feedline_tools.make import generate
 
 PRESETS = ["feedline", "tf", "tf-pre", "async", "async-db"]
 

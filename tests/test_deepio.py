@@ -119,7 +119,7 @@ def test_store_estimate_terms():
 
 @pytest.fixture(scope="module")
 def cifar(tmp_path_factory):
-    from feedline.make import generate
+    from feedline_tools.make import generate
 
     return generate(
         "cifar10-large", str(tmp_path_factory.mktemp("api") / "c"), samples=300, progress=False

@@ -15,10 +15,10 @@ import time
 import pytest
 
 from feedline import ConfigError
-from feedline.bench import report
-from feedline.demo import BASELINE, CURSOR, FEEDLINE, LADDER, demo_presets, ensure_dataset
-from feedline.emulate import EmulatorUnavailable, check_available
 from feedline.plan.strategy import PRESETS
+from feedline_tools.bench import report
+from feedline_tools.demo import BASELINE, CURSOR, FEEDLINE, LADDER, demo_presets, ensure_dataset
+from feedline_tools.emulate import EmulatorUnavailable, check_available
 
 
 def _emulator_usable() -> bool:
@@ -190,8 +190,8 @@ def test_local_disk_is_said_plainly(tmp_path):
 
 @pytest.mark.mpi
 def test_under_mpiexec_needs_a_path_then_runs_in_the_job(tmp_path):
-    from feedline.bench.harness import mpiexec_command
-    from feedline.make import generate
+    from feedline_tools.bench.harness import mpiexec_command
+    from feedline_tools.make import generate
 
     demo = [sys.executable, "-m", "feedline", "demo", "--quick", "--no-plots"]
     p = subprocess.run(

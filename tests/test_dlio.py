@@ -11,7 +11,7 @@ import pytest
 import feedline
 import feedline.dlio as fdlio
 from feedline.errors import ConfigError
-from feedline.generate import run as generate
+from feedline_tools.generate import run as generate
 
 HAVE_DLIO = importlib.util.find_spec("dlio_benchmark") is not None
 

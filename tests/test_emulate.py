@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from feedline.cli import main as cli_main
-from feedline.emulate import Emulator, EmulatorParams, EmulatorUnavailable, check_available
-from feedline.emulate.mount import EXIT_UNAVAILABLE, is_mounted, log_path_for
 from feedline.errors import ConfigError
+from feedline_tools.emulate import Emulator, EmulatorParams, EmulatorUnavailable, check_available
+from feedline_tools.emulate.mount import EXIT_UNAVAILABLE, is_mounted, log_path_for
 
 KiB = 1024
 MiB = 1 << 20
@@ -493,7 +493,7 @@ def test_daemon_exits_when_its_owner_dies_without_stopping_it(src, tmp_path):
     mnt = tmp_path / "mnt"
     code = (
         "import os, sys\n"
-        "from feedline.emulate import Emulator\n"
+        "from feedline_tools.emulate import Emulator\n"
         f"e = Emulator({str(src)!r}, {str(mnt)!r}, nodes=1).start()\n"
         "print(e.pid, flush=True)\n"
         "os._exit(0)  # no stop(), no atexit\n"
@@ -646,7 +646,7 @@ def test_refuses_politely_without_the_binary(tmp_path, monkeypatch, capsys):
 def test_binary_refuses_bad_arguments(tmp_path):
     import subprocess
 
-    from feedline.emulate import find_binary
+    from feedline_tools.emulate import find_binary
 
     binary = find_binary()
     if binary is None:
@@ -677,7 +677,7 @@ def test_binary_refuses_bad_arguments(tmp_path):
 def test_overhead_at_1GBps_is_small(tmp_path, capsys):
     """Daemon overhead (service - modelled) for one synchronous reader doing 1 MiB
     direct reads at the default model; the reader's overhead is printed."""
-    from feedline.emulate.measure import measure_overhead
+    from feedline_tools.emulate.measure import measure_overhead
 
     results = measure_overhead(size=128 << 20, repeats=3, workdir=str(tmp_path))
     best = min(results, key=lambda r: r.client)

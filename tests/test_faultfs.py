@@ -25,9 +25,9 @@ import time
 
 import pytest
 
-from feedline.bench.harness import mpiexec_command
-from feedline.emulate import Emulator, EmulatorParams, EmulatorUnavailable, check_available
-from feedline.make import generate
+from feedline_tools.bench.harness import mpiexec_command
+from feedline_tools.emulate import Emulator, EmulatorParams, EmulatorUnavailable, check_available
+from feedline_tools.make import generate
 
 HERE = os.path.dirname(__file__)
 RUN = os.path.join(HERE, "mpi", "reliability_run.py")

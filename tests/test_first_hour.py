@@ -404,7 +404,7 @@ def test_under_mpiexec_only_rank_0_prints_help():
 
 
 def _doc(limit_mbps: float, run_mbps: list[float]):
-    from feedline.bench import report
+    from feedline_tools.bench import report
 
     class World:
         size, nodes = 1, 1
@@ -426,7 +426,7 @@ def _doc(limit_mbps: float, run_mbps: list[float]):
 
 
 def test_bench_fractions_never_exceed_the_limit():
-    from feedline.bench import report
+    from feedline_tools.bench import report
 
     doc = _doc(100.0, [50.0, 250.0])  # a --quick run beat the limit run (page cache)
     fracs = [r["fraction_of_limit"] for r in doc["runs"]]
@@ -439,7 +439,7 @@ def test_bench_fractions_never_exceed_the_limit():
 
 
 def test_bench_tables_say_what_each_row_is_and_whether_it_shuffles():
-    from feedline.bench import lmdbio, report
+    from feedline_tools.bench import lmdbio, report
 
     doc = _doc(100.0, [50.0, 80.0])
     table = report.markdown_table(doc)
@@ -455,7 +455,7 @@ def test_plots_and_matplotlib_only_when_asked(tmp_path):
     import argparse
     import sys
 
-    from feedline.bench.harness import add_common_arguments
+    from feedline_tools.bench.harness import add_common_arguments
 
     p = argparse.ArgumentParser()
     add_common_arguments(p)
@@ -464,7 +464,7 @@ def test_plots_and_matplotlib_only_when_asked(tmp_path):
     script = tmp_path / "emit.py"
     script.write_text(
         "import sys, json\n"
-        "from feedline.bench import report\n"
+        "from feedline_tools.bench import report\n"
         f"doc = json.load(open({str(tmp_path / 'doc.json')!r}))\n"
         f"report.emit(doc, out_dir={str(tmp_path / 'out')!r}, json_path=None, plots=False,"
         " echo=lambda s: None)\n"

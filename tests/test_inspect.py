@@ -13,8 +13,8 @@ import pytest
 
 import feedline
 from feedline.cli import main
-from feedline.generate import MANIFEST, read_manifest
-from feedline.make import generate
+from feedline_tools.generate import MANIFEST, read_manifest
+from feedline_tools.make import generate
 
 lmdb = pytest.importorskip("lmdb")
 h5py = pytest.importorskip("h5py")

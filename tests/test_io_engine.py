@@ -459,7 +459,7 @@ def test_cold_large_read_matches(tmp_path, method):
 
 
 def test_limit_comparison_cli_smoke(tmp_path, capsys):
-    from feedline.io.bench import main, parse_size
+    from feedline_tools.io_bench import main, parse_size
 
     assert parse_size("8M") == 8 << 20 and parse_size("64KiB") == 64 << 10
     paths, _ = make_files(tmp_path, [256 << 10])

@@ -24,10 +24,10 @@ from feedline.formats.datum_write import (
     label_suffix,
     varint,
 )
-from feedline.generate import MANIFEST, SPECS, read_manifest, run
-from feedline.generate.crc32c import crc32c, crc32c_rows, mask
-from feedline.make import generate
 from feedline.progress import process_rank, progress, should_show
+from feedline_tools.generate import MANIFEST, SPECS, read_manifest, run
+from feedline_tools.generate.crc32c import crc32c, crc32c_rows, mask
+from feedline_tools.make import generate
 
 core = pytest.importorskip("feedline._core")
 lmdb = pytest.importorskip("lmdb")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from feedline.cli import main
-from feedline.generate import read_manifest
+from feedline_tools.generate import read_manifest
 
 
 def test_make_writes_and_prints_a_summary(tmp_path, capsys):

@@ -23,8 +23,8 @@ import sys
 
 import pytest
 
-from feedline.bench.harness import mpiexec_command
 from feedline.plan.strategy import PRESETS
+from feedline_tools.bench.harness import mpiexec_command
 
 HERE = os.path.dirname(__file__)
 PROBE = os.path.join(HERE, "mpi", "memory_probe.py")

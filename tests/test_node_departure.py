@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from feedline.bench.harness import mpiexec_command
+from feedline_tools.bench.harness import mpiexec_command
 
 pytestmark = pytest.mark.mpi
 HERE = os.path.dirname(__file__)

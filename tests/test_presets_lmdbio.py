@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from feedline import Loader, open_dataset
-from feedline.bench.harness import mpiexec_command
 from feedline.errors import CorruptDataError
 from feedline.formats.lmdb import LmdbFile, index_lmdb
-from feedline.make import generate
 from feedline.sources.lmdb_walk import PageWalker, WalkCursor, parse_page
 from feedline.sources.lmdbio import PRESETS, gather_stats, stats_table
+from feedline_tools.bench.harness import mpiexec_command
+from feedline_tools.make import generate
 
 HERE = os.path.dirname(__file__)
 SEEKING = ("lmdb", "lmm", "lmm-dm", "lmm-dio", "skip", "contiguous")

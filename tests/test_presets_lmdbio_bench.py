@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from feedline.bench.lmdbio import PRESETS
+from feedline_tools.bench.lmdbio import PRESETS
 
 
 @pytest.mark.mpi

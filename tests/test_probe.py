@@ -9,10 +9,10 @@ import os
 import pytest
 
 from feedline.cli import main
-from feedline.emulate import Emulator, EmulatorParams, EmulatorUnavailable, check_available
 from feedline.errors import ConfigError
 from feedline.io import probe
 from feedline.plan.cost import StorageProfile, get_profile
+from feedline_tools.emulate import Emulator, EmulatorParams, EmulatorUnavailable, check_available
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from feedline.bench.harness import mpiexec_command
-from feedline.make import generate
+from feedline_tools.bench.harness import mpiexec_command
+from feedline_tools.make import generate
 
 pytestmark = pytest.mark.mpi
 HERE = os.path.dirname(__file__)

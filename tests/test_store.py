@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from feedline import ConfigError, Loader, open_dataset
-from feedline.bench.harness import mpiexec_command
-from feedline.make import generate
+from feedline_tools.bench.harness import mpiexec_command
+from feedline_tools.make import generate
 
 HERE = os.path.dirname(__file__)
 

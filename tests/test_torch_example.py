@@ -10,7 +10,7 @@ import sys
 import pytest
 
 pytest.importorskip("torch")
-from feedline.bench.harness import mpiexec_command
+from feedline_tools.bench.harness import mpiexec_command
 
 pytestmark = pytest.mark.mpi
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "train_torch.py")

@@ -120,7 +120,7 @@ def test_profiles_resolve():
 
 def test_loader_records_its_plan_and_resumes_across_choices(tmp_path):
     from feedline.dataset import open_dataset
-    from feedline.make import generate
+    from feedline_tools.make import generate
 
     path = generate("cifar10-bin", str(tmp_path / "d"), samples=3000, progress=False)
     ds = open_dataset(path, format="records", record_bytes=3073, label_bytes=1)
@@ -160,8 +160,8 @@ def test_the_default_loader_mixes_a_class_sorted_lmdb_at_one_rank(tmp_path):
     """`Loader(ds, 256)` on a class-sorted LMDB, one process, what it delivers: >= 9 of 10
     classes per batch and no drift through the file, while reading large tiles."""
     from feedline.dataset import open_dataset
-    from feedline.make import generate
     from feedline.plan.rl import classes_per_batch, disk_order_correlation
+    from feedline_tools.make import generate
 
     n = 20_000
     path = generate("cifar10-large", str(tmp_path / "lmdb"), samples=n, progress=False)

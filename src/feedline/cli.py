@@ -17,14 +17,14 @@ from .errors import FeedlineError
 
 # subcommand -> module with add_parser(); order is the order shown in --help
 COMMANDS = {
-    "make": "feedline.make",
+    "make": "feedline_tools.make",
     "index": "feedline.inspect",
     "inspect": "feedline.inspect",
     "plan": "feedline.plan.cli",
     "probe": "feedline.io.probe",
-    "bench": "feedline.bench.cli",
-    "demo": "feedline.demo",
-    "emulate": "feedline.emulate.cli",
+    "bench": "feedline_tools.bench.cli",
+    "demo": "feedline_tools.demo",
+    "emulate": "feedline_tools.emulate.cli",
 }
 
 

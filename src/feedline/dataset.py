@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 from typing import Any, Literal
@@ -420,3 +421,18 @@ def as_dataset(data, comm: Any, options: dict[str, Any]) -> Dataset:
     kw = {k: options.pop(k) for k in list(options) if k in OPEN_OPTIONS or k in fmt_options}
     kw["format"] = name
     return open_dataset(data, comm=comm, **kw)
+
+
+#: the manifest ``feedline make`` writes into a generated dataset's directory
+MANIFEST = ".feedline-make.json"
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The manifest of a generated dataset directory (or of the directory of a file)."""
+    p = os.fspath(path)
+    d = p if os.path.isdir(p) else os.path.dirname(os.path.abspath(p))
+    try:
+        with open(os.path.join(d, MANIFEST)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

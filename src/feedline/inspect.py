@@ -20,9 +20,8 @@ import sys
 import time
 from typing import Any
 
-from .dataset import Dataset, open_dataset
+from .dataset import Dataset, open_dataset, read_manifest
 from .errors import ConfigError, FeedlineError
-from .generate import read_manifest
 
 # option name -> (flag, type, help): the open_dataset options both commands accept
 OPEN_OPTIONS: dict[str, tuple[str, type, str]] = {

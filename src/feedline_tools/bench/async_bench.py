@@ -1,0 +1,864 @@
+"""``feedline bench async``: Tables II-V and Figs. 9-10 of the asynchronous-I/O paper.
+
+For CosmoFlow- and Neuron-Inverter-shaped HDF5 data (generated, or ``--path``), the four
+I/O strategies of the paper (``tf``, ``tf-pre``, ``async``, ``async-db`` Loader presets)
+and PyTorch's ``DataLoader`` over a map-style h5py dataset (``num_workers`` 0 and 2, each
+rank its DistributedSampler-like share of the same global shuffle as ``tf``) run side by
+side through the harness: every rank, cold cache, emulated compute per step. Each row
+splits the epoch into exposed I/O (time the training loop waited for data), compute and
+the rest. Then ``async-db`` runs once per I/O buffer size B (Figs. 9-10: exposed I/O vs
+buffer MiB).
+
+Compute per step is ``--compute-ms``, or with ``--compute auto`` (default) 1.2x the
+``async`` read time per step (its exposed I/O per step), measured first in the same job
+configuration without compute: the paper's regime, in which a read of one group takes less time than the
+compute of the steps it feeds, so double buffering can hide it and one buffer cannot.
+The trade-off of emulating compute by sleeping: it frees the CPU the way a GPU step
+does, which is what lets reads overlap it on a 2-core machine, but it does not compete
+with the I/O thread for memory bandwidth as a real model would.
+
+``--ranks`` defaults to 4 (1 with ``--quick``; the job's size under ``mpiexec``).
+Artefacts in ``--out``: ``async.md`` (the tables), ``async.json`` (or ``--json``),
+``async-breakdown.png``, ``async-buffer-sweep.png``, plus each harness job's own
+``async-<dataset>*.md/json/png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from feedline.errors import ConfigError
+from feedline_tools.bench import report
+from feedline_tools.bench.digest import DeliveryRecorder
+from feedline_tools.bench.harness import RunSpec, add_common_arguments, is_root, run_scenario
+from feedline_tools.bench.runners import (
+    _LOADER_STATS,
+    DatasetSpec,
+    LoaderRunner,
+    RunContext,
+    RunOutcome,
+    _PeerBase,
+    register_runner,
+)
+from feedline_tools.bench.worker import under_mpiexec, world_comm
+
+PRESETS = ("tf", "tf-pre", "async", "async-db")
+TORCH_WORKERS = (0, 2)
+AUTO_FACTOR = 1.2  # compute = 1.2 x async read time per step (the brief's regime)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A dataset configuration of the scenario (generator options and loading knobs).
+
+    ``buffer`` is the async-I/O buffer B in samples; ``sweep`` the buffer sizes of
+    Figs. 9-10 in samples (clipped to each rank's share).
+    """
+
+    generator: str
+    samples: int
+    options: dict[str, Any]
+    batch_size: int
+    buffer: int
+    sweep: tuple[int, ...]
+
+
+# Full sizes run in minutes on 2 cores with 4 ranks; ~400 MB each, so that every rank
+# reads tens of groups per epoch (the first group of an epoch is always exposed, so the
+# exposed fraction of async-db is bounded below by 1 / groups per rank).
+FULL = {
+    "cosmoflow": Shape(
+        "cosmoflow", 4096, {"cube": 16, "channels": 12, "files": 8}, 16, 32, (4, 16, 32, 128, 512)
+    ),
+    "neuron-inverter": Shape(
+        "neuron-inverter", 20480, {"files": 4}, 64, 128, (16, 64, 128, 512, 2048)
+    ),
+}
+QUICK = {
+    "cosmoflow": Shape("cosmoflow", 64, {"cube": 8, "channels": 4, "files": 2}, 8, 8, (2, 8)),
+    "neuron-inverter": Shape("neuron-inverter", 512, {"length": 160, "files": 2}, 32, 32, (8, 64)),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("async")
+    g.add_argument(
+        "--datasets",
+        default="cosmoflow,neuron-inverter",
+        metavar="LIST",
+        help="which datasets (default cosmoflow,neuron-inverter)",
+    )
+    g.add_argument(
+        "--compute",
+        default="auto",
+        metavar="auto|ms",
+        help="compute per step: 'auto' = 1.2x the async read time per step, measured "
+        "first (default), milliseconds (same as --compute-ms), or 'model' = a training "
+        "step of a small torch MLP on the delivered bytes",
+    )
+    g.add_argument("--samples", type=int, default=None, metavar="N", help="samples per dataset")
+    g.add_argument("--batch-size", type=int, default=None, metavar="B", help="global batch")
+    g.add_argument(
+        "--buffer", type=int, default=None, metavar="SAMPLES", help="async buffer B in samples"
+    )
+    g.add_argument(
+        "--sweep",
+        default=None,
+        metavar="LIST",
+        help="buffer sizes in samples for the sweep (empty: no sweep)",
+    )
+    g.add_argument(
+        "--torch-workers",
+        default=",".join(map(str, TORCH_WORKERS)),
+        metavar="LIST",
+        help="PyTorch DataLoader num_workers rows (default 0,2; empty: none)",
+    )
+    g.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        metavar="E",
+        help="epochs per run, averaged as the paper does (default 3; 1 with --quick)",
+    )
+    g.add_argument(
+        "--evict-ms",
+        type=float,
+        default=100.0,
+        metavar="MS",
+        help="with several epochs, empty the page cache every MS ms (0: never)",
+    )
+    g.add_argument("--keep-data", action="store_true", help="keep generated data in --path")
+    add_common_arguments(parser)
+
+
+# ----------------------------------------------------------------------- runners
+
+
+class _Timing:
+    """Where a rank's epochs went besides the waits: Loader/DataLoader start-up, each
+    epoch's first wait (the cold start of epoch 1 no prefetching can hide; in later
+    epochs, what anticipation across the epoch boundary did not hide) and the compute
+    actually slept (emulated compute plus the scheduler's wake-up latency)."""
+
+    def __init__(self, model: bool = False) -> None:
+        self.startup_s = 0.0
+        self.first_waits: list[float] = []
+        self.compute_s = 0.0
+        self.waits: list[float] = []
+        self._new_epoch = True
+        self.model = None
+        if model:
+            from feedline_tools.bench.models import StepModel
+
+            self.model = StepModel()
+
+    def epoch(self) -> None:
+        """The next wait is the first of an epoch."""
+        self._new_epoch = True
+
+    def wait(self, seconds: float) -> None:
+        if self._new_epoch:
+            self.first_waits.append(seconds)
+            self._new_epoch = False
+        self.waits.append(seconds)
+
+    def compute(self, ctx: RunContext, raw: Any = None, lengths: Any = None) -> None:
+        """The step's compute: a training step of the small model when asked for (on the
+        delivered bytes), else the harness's emulated compute (a sleep)."""
+        t0 = time.perf_counter()
+        if self.model is not None and lengths is not None:
+            self.model.step(raw, np.asarray(lengths))
+        else:
+            ctx.compute()
+        self.compute_s += time.perf_counter() - t0
+
+    def extra(self) -> dict[str, float]:
+        # the median wait is what every step pays even when its data is ready (handing
+        # the sub-batch over); waits beyond it are reads that compute did not hide
+        med = float(np.median(self.waits)) if self.waits else 0.0
+        fw = self.first_waits
+        return {
+            "startup_s": self.startup_s,
+            "first_wait_s": fw[0] if fw else 0.0,
+            "later_first_wait_s": float(np.mean(fw[1:])) if len(fw) > 1 else 0.0,
+            "compute_actual_s": self.compute_s,
+            "median_wait_s": med,
+            "stall_s": float(sum(max(0.0, w - med) for w in self.waits)),
+        }
+
+
+class _CacheDropper:
+    """Evicts the dataset's files from the page cache every *period_s* while a run goes
+    on (rank 0 only: one machine has one page cache), so that no epoch after the first
+    reads from memory what the previous one read — the regime of the paper, whose
+    datasets do not fit in the nodes' memory. Eviction only drops clean pages nobody
+    has mapped; the reads themselves are untouched."""
+
+    def __init__(self, files: list[str], period_s: float) -> None:
+        import threading
+
+        from feedline_tools.bench.limit import evict
+
+        self._evict = evict
+        self.files = list(files)
+        self.period_s = period_s
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-evict", daemon=True)
+
+    def __enter__(self) -> _CacheDropper:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._evict(self.files)
+            self.count += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _dropper(ctx: RunContext, files: list[str], epochs: int, period_ms: float):
+    import contextlib
+
+    if epochs > 1 and period_ms > 0 and ctx.rank == 0:
+        return _CacheDropper(files, period_ms / 1e3)
+    return contextlib.nullcontext()
+
+
+@register_runner("loader-timed")
+class TimedLoaderRunner(LoaderRunner):
+    """``loader:<preset>`` over *epochs* epochs (``set_epoch(e)`` each, as a training
+    loop does) that also reports start-up, first-wait and actual compute seconds (in
+    ``stats.extra``). With several epochs the page cache is emptied every
+    *evict_ms* ms on rank 0 (see :class:`_CacheDropper`)."""
+
+    def __init__(
+        self,
+        arg: str | None = None,
+        model: bool = False,
+        epochs: int = 1,
+        evict_ms: float = 100.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(arg, **options)
+        self.model = bool(model)
+        self.epochs = max(1, int(epochs))
+        self.evict_ms = float(evict_ms)
+
+    def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
+        out, tm = RunOutcome(), _Timing(self.model)
+        t0 = time.perf_counter()
+        loader = self._loader = self._Loader(
+            self._ds,
+            ctx.batch_size,
+            preset=self.preset,
+            seed=ctx.seed,
+            comm=ctx.comm,
+            decode=False,
+            **self.options,
+        )
+        steps = len(loader) if ctx.steps is None else min(ctx.steps, len(loader))
+        loader.set_epoch(0)
+        it = iter(loader)
+        tm.startup_s = time.perf_counter() - t0
+        with _dropper(ctx, self._ds.files, self.epochs, self.evict_ms):
+            for epoch in range(self.epochs):
+                if epoch:
+                    loader.set_epoch(epoch)
+                    it = iter(loader)
+                tm.epoch()
+                for step in range(steps):
+                    t0 = time.perf_counter()
+                    batch = next(it)
+                    wait = time.perf_counter() - t0
+                    out.exposed_io_s += wait
+                    tm.wait(wait)
+                    data = np.ascontiguousarray(batch.data)
+                    rec.add(epoch * steps + step, batch.ids, batch.lengths, data)
+                    tm.compute(ctx, data, batch.lengths)
+        stats = dict(loader.stats() or {})
+        for key, names in _LOADER_STATS.items():
+            for nm in names:
+                if isinstance(stats.get(nm), int | float):
+                    setattr(out, key, stats[nm])
+                    break
+        out.extra = {k: v for k, v in stats.items() if isinstance(v, int | float | str | bool)}
+        out.extra |= tm.extra() | {"epochs": self.epochs}
+        return out
+
+
+# ------------------------------------------------------------------ the h5py peer
+
+
+class _H5Samples:
+    """Map-style dataset: sample i is row ``i - first[file]`` of the HDF5 dataset, read
+    with h5py (one file handle per process, opened lazily so forked workers own theirs)."""
+
+    def __init__(self, files: list[str], file_ids: np.ndarray, name: str) -> None:
+        self.files = list(files)
+        self.file_ids = np.asarray(file_ids)
+        self.first = np.searchsorted(self.file_ids, np.arange(len(self.files)))
+        self.name = name
+        self._h: dict[int, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_h"] = {}
+        return d
+
+    def __len__(self) -> int:
+        return len(self.file_ids)
+
+    def __getitem__(self, i: int) -> tuple[int, bytes]:
+        import h5py
+
+        fid = int(self.file_ids[i])
+        h = self._h.get(fid)
+        if h is None:
+            h = self._h[fid] = h5py.File(self.files[fid], "r")[self.name]
+        return int(i), h[int(i - self.first[fid])].tobytes()
+
+    def close(self) -> None:
+        for h in self._h.values():
+            h.file.close()
+        self._h.clear()
+
+
+def _collate(items: list[tuple[int, bytes]]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    ids = np.fromiter((i for i, _ in items), dtype=np.int64, count=len(items))
+    lens = np.fromiter((len(b) for _, b in items), dtype=np.int64, count=len(items))
+    return ids, lens, b"".join(b for _, b in items)
+
+
+@register_runner("torch-h5py")
+class TorchH5Runner(_PeerBase):
+    """PyTorch ``DataLoader`` over a map-style h5py dataset, fed the rank's steps as its
+    batch sampler (``workers`` processes, ``prefetch`` batches each)."""
+
+    def __init__(
+        self,
+        arg: str | None = None,
+        workers: int = 0,
+        prefetch: int = 2,
+        model: bool = False,
+        epochs: int = 1,
+        evict_ms: float = 100.0,
+    ) -> None:
+        super().__init__(arg)
+        self.workers, self.prefetch = int(workers), int(prefetch)
+        self.model = bool(model)
+        self.epochs = max(1, int(epochs))
+        self.evict_ms = float(evict_ms)
+        self._ds: _H5Samples | None = None
+
+    def prepare(self, ctx: RunContext) -> None:
+        super().prepare(ctx)
+        # each epoch the order of the 'tf' preset for that epoch (a DistributedSampler
+        # with set_epoch), computed untimed
+        self._epoch_steps = [self._steps] + [ctx.my_steps(epoch=e) for e in range(1, self.epochs)]
+
+    def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
+        try:
+            from torch.utils.data import DataLoader
+        except ImportError as e:
+            raise ConfigError("the 'torch-h5py' runner needs PyTorch") from e
+        index = self._index
+        name = (index.meta or {}).get("dataset")
+        if not name:
+            raise ConfigError("torch-h5py reads HDF5 datasets only")
+        out, tm = RunOutcome(), _Timing(self.model)
+        t0 = time.perf_counter()
+        self._ds = _H5Samples(index.files, index.file_ids, name)
+        kw: dict[str, Any] = {"num_workers": self.workers, "collate_fn": _collate}
+        if self.workers > 0:
+            kw.update(prefetch_factor=self.prefetch, multiprocessing_context="fork")
+        tm.startup_s = time.perf_counter() - t0
+        with _dropper(ctx, index.files, self.epochs, self.evict_ms):
+            for epoch, steps in enumerate(self._epoch_steps):
+                t0 = time.perf_counter()
+                batches = [s.tolist() for s in steps]
+                it = iter(DataLoader(self._ds, batch_sampler=batches, **kw))
+                if epoch == 0:
+                    tm.startup_s += time.perf_counter() - t0
+                tm.epoch()
+                for step in range(len(batches)):
+                    t0 = time.perf_counter()
+                    ids, lens, raw = next(it)
+                    wait = time.perf_counter() - t0
+                    out.exposed_io_s += wait
+                    tm.wait(wait)
+                    out.storage_ops += len(ids)
+                    out.storage_bytes += len(raw)
+                    rec.add(epoch * len(batches) + step, ids, lens, raw)
+                    tm.compute(ctx, raw, lens)
+                del it
+        out.io_s = out.exposed_io_s if self.workers == 0 else float("nan")
+        out.extra = tm.extra() | {"epochs": self.epochs}
+        return out
+
+    def close(self) -> None:
+        if self._ds is not None:
+            self._ds.close()
+            self._ds = None
+        super().close()
+
+
+# ---------------------------------------------------------------------- scenario
+
+
+def _shapes(args: argparse.Namespace) -> dict[str, Shape]:
+    table = QUICK if args.quick else FULL
+    out = {}
+    for name in [d for d in args.datasets.split(",") if d]:
+        if name not in table:
+            raise ConfigError(f"--datasets: unknown {name!r}; known: {', '.join(table)}")
+        s = table[name]
+        sweep = s.sweep if args.sweep is None else tuple(int(x) for x in args.sweep.split(",") if x)
+        out[name] = Shape(
+            s.generator,
+            args.samples or s.samples,
+            s.options,
+            args.batch_size or s.batch_size,
+            args.buffer or s.buffer,
+            sweep,
+        )
+    return out
+
+
+def _dataset_fn(name: str, shape: Shape, args: argparse.Namespace, tmp: list[str]):
+    def make() -> DatasetSpec:
+        from feedline_tools.make import generate
+
+        if args.path:
+            path = os.path.join(args.path, name)
+        else:
+            if not tmp:
+                tmp.append(tempfile.mkdtemp(prefix="feedline-async-"))
+            path = os.path.join(tmp[0], name)
+        if not os.path.exists(os.path.join(path, ".feedline-make.json")):
+            generate(
+                shape.generator,
+                path,
+                samples=shape.samples,
+                seed=0,
+                force=True,
+                progress=False,
+                **shape.options,
+            )
+        return DatasetSpec(path, "hdf5")
+
+    return make
+
+
+def _sub_args(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    a = copy.copy(args)
+    a.json = None
+    a.baseline = None
+    for k, v in changes.items():
+        setattr(a, k, v)
+    return a
+
+
+def _steps(n: int, batch: int, steps: int | None) -> int:
+    s = math.ceil(n / batch)
+    return s if steps is None else min(steps, s)
+
+
+def _per_rank_share(n: int, ranks: int) -> int:
+    return max(1, n // max(1, ranks))
+
+
+def _row(run: dict[str, Any], compute_s: float) -> dict[str, Any]:
+    """One table row: the average epoch of the run (the paper averages 3 epochs).
+    Exposed I/O, first waits, start-up and actual compute are those of the rank that
+    waited longest (the harness reports the slowest rank's exposed I/O); ``other`` is
+    the rest of the job time (scheduler delays, skew, teardown). Start-up (making the
+    Loader or DataLoader) happens once and is spread over the epochs."""
+    st = run["stats"]
+    waits = [w if w is not None else -1.0 for w in st["exposed_io_s"]]
+    k = int(np.argmax(waits)) if waits else 0
+    ex = (st.get("extra") or [None] * (k + 1))[k] or {}
+    epochs = max(1, int(ex.get("epochs") or 1))
+
+    def per(x: Any) -> Any:
+        return None if x is None else x / epochs
+
+    total = per(run["time_s"])
+    exposed = per(run["exposed_io_s"])
+    startup = per(ex.get("startup_s"))
+    med = ex.get("median_wait_s")
+    actual = per(ex.get("compute_actual_s", compute_s * epochs))
+    other = None
+    if total is not None and exposed is not None:
+        other = max(0.0, total - exposed - actual - (startup or 0.0))
+    return {
+        "name": run["name"],
+        "epochs": epochs,
+        "exposed_io_s": exposed,
+        "first_wait_s": ex.get("first_wait_s"),
+        "later_first_wait_s": ex.get("later_first_wait_s") if epochs > 1 else None,
+        "median_wait_ms": None if med is None else 1e3 * med,
+        "stall_s": per(ex.get("stall_s")),
+        "compute_s": compute_s,
+        "compute_actual_s": actual,
+        "startup_s": startup,
+        "other_s": other,
+        "total_s": total,
+        "exposed_pct": 100 * exposed / total if total and exposed is not None else None,
+        "storage_ops": round(sum(v or 0 for v in st["storage_ops"]) / epochs),
+        "MBps": run["MBps"],
+        "rl": run["rl"],
+        "digest": run["digest"],
+        "error": run.get("error"),
+        "params": run["params"],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    shapes = _shapes(args)
+    if args.ranks is None and not under_mpiexec():
+        args.ranks = 1 if args.quick else 4
+    model = args.compute == "model"
+    try:
+        fixed_ms = None if args.compute == "auto" else (0.0 if model else float(args.compute))
+    except ValueError:
+        raise ConfigError(
+            f"--compute: 'auto', 'model' or milliseconds, not {args.compute!r}"
+        ) from None
+    if args.compute_ms:
+        fixed_ms = float(args.compute_ms)
+    extra_opts: dict[str, Any] = {"model": True} if model else {}
+    epochs = args.epochs if args.epochs is not None else (1 if args.quick else 3)
+    if epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+    extra_opts |= {"epochs": epochs, "evict_ms": args.evict_ms}
+    tf_workers = [int(w) for w in args.torch_workers.split(",") if w != ""]
+    tmp: list[str] = []
+    result: dict[str, Any] = {"scenario": "async", "datasets": {}}
+    failed = False
+    try:
+        for name, shape in shapes.items():
+            ds_fn = _dataset_fn(name, shape, args, tmp)
+            spec_holder: list[DatasetSpec] = []
+
+            def dataset(ds_fn=ds_fn, spec_holder=spec_holder) -> DatasetSpec:
+                if not spec_holder:
+                    spec_holder.append(ds_fn())
+                return spec_holder[0]
+
+            comm = world_comm()
+            ranks = args.ranks or (comm.Get_size() if comm is not None else 1)
+            steps = _steps(shape.samples, shape.batch_size, args.steps)
+            buf = {"buffer": shape.buffer}
+            entry: dict[str, Any] = {"shape": shape.__dict__ | {"sweep": list(shape.sweep)}}
+            # 1. compute per step: 1.2 x the async read time per step, i.e. the time the
+            # training loop waits for data per step when there is nothing to overlap
+            # (exposed I/O without compute; the epoch time would add Loader start-up)
+            if fixed_ms is None:
+                cal = run_scenario(
+                    f"async-{name}-calibrate",
+                    [RunSpec("async", "loader:async", buf, {"buffer_samples": shape.buffer})],
+                    dataset,
+                    _sub_args(args, compute_ms=0.0, no_plots=True, no_limit=True, no_digest=True),
+                    batch_size=shape.batch_size,
+                )
+                if cal is None:  # not the root rank of a job started under mpiexec
+                    compute_ms = None
+                else:
+                    t, w = cal["runs"][0]["time_s"], cal["runs"][0]["exposed_io_s"]
+                    if t is None or w is None:
+                        raise ConfigError(f"calibration failed: {cal['runs'][0]['error']}")
+                    compute_ms = AUTO_FACTOR * 1e3 * w / steps
+                    entry["calibration"] = {
+                        "async_time_s": t,
+                        "async_exposed_io_s": w,
+                        "steps": steps,
+                        "read_ms_per_step": 1e3 * w / steps,
+                    }
+                compute_ms = _bcast(compute_ms)
+            else:
+                compute_ms = fixed_ms
+            entry["compute_ms"] = compute_ms
+            entry["epochs"] = epochs
+            entry["compute"] = "model" if model else "sleep"
+            compute_s = steps * compute_ms / 1e3
+            # 2. Tables II-V: the four presets and the DataLoader baselines
+            runs = [
+                RunSpec(
+                    p,
+                    f"loader-timed:{p}",
+                    (dict(buf) if p.startswith("async") else {}) | extra_opts,
+                    {"preset": p},
+                )
+                for p in PRESETS
+            ]
+            runs += [
+                RunSpec(
+                    f"torch-w{w}",
+                    "torch-h5py",
+                    {"workers": w} | extra_opts,
+                    {"peer": "torch DataLoader + h5py", "num_workers": w},
+                    assignment="tf",
+                )
+                for w in tf_workers
+            ]
+            doc = run_scenario(
+                f"async-{name}",
+                runs,
+                dataset,
+                _sub_args(args, compute_ms=compute_ms, baseline="tf"),
+                batch_size=shape.batch_size,
+                runner_modules=[__name__],
+            )
+            # 3. Figs. 9-10: async-db vs buffer size
+            share = _per_rank_share(shape.samples, ranks)
+            sizes = sorted({min(b, share) for b in shape.sweep})
+            sweep = None
+            if sizes:
+                sweep = run_scenario(
+                    f"async-{name}-sweep",
+                    [
+                        RunSpec(
+                            f"async-db-B{b}",
+                            "loader-timed:async-db",
+                            {"buffer": b} | extra_opts,
+                            {"buffer_samples": b},
+                        )
+                        for b in sizes
+                    ],
+                    dataset,
+                    _sub_args(args, compute_ms=compute_ms, no_limit=True),
+                    batch_size=shape.batch_size,
+                    runner_modules=[__name__],
+                )
+            if doc is None:
+                continue
+            failed |= any(r.get("error") for r in doc["runs"])
+            # payload of all epochs of the first run (every run delivers each sample once
+            # per epoch)
+            rec_bytes = doc["runs"][0]["payload_bytes"] / max(1, shape.samples * epochs)
+            entry["ranks"] = doc["runs"][0]["ranks"]
+            entry["steps"] = steps
+            entry["record_bytes"] = rec_bytes
+            entry["limit_MBps"] = doc["limit_MBps"]
+            entry["rows"] = [_row(r, compute_s) for r in doc["runs"]]
+            if sweep is not None:
+                failed |= any(r.get("error") for r in sweep["runs"])
+                entry["sweep"] = [
+                    _row(r, compute_s)
+                    | {
+                        "buffer_samples": r["params"]["buffer_samples"],
+                        "buffer_MiB": r["params"]["buffer_samples"] * rec_bytes / 2**20,
+                    }
+                    for r in sweep["runs"]
+                ]
+            entry["summary"] = summarize(entry["rows"])
+            result["datasets"][name] = entry
+    finally:
+        if not args.keep_data:
+            for d in tmp:
+                shutil.rmtree(d, ignore_errors=True)
+    if not is_root():
+        return 0
+    emit(result, args)
+    return 1 if failed else 0
+
+
+def _bcast(x: Any) -> Any:
+    """The root's value on every rank when started under mpiexec (else *x*)."""
+    from feedline_tools.bench.worker import world_comm
+
+    comm = world_comm()
+    return x if comm is None else comm.bcast(x, root=0)
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """async-db's exposed I/O as % of its epoch, and how many times less it is than the
+    others' (their exposed I/O / async-db's) and how much shorter its epoch is."""
+    by = {r["name"]: r for r in rows}
+    db = by.get("async-db")
+    if db is None or db["exposed_io_s"] is None:
+        return {}
+    out: dict[str, Any] = {"async_db_exposed_pct": db["exposed_pct"], "vs": {}}
+    if db.get("stall_s") is not None and db["total_s"]:
+        # the part of the exposed time that is reads not hidden by compute
+        out["async_db_stall_pct"] = 100 * db["stall_s"] / db["total_s"]
+    for r in rows:
+        if r["name"] == "async-db" or r["exposed_io_s"] is None:
+            continue
+        out["vs"][r["name"]] = {
+            "exposed_ratio": r["exposed_io_s"] / db["exposed_io_s"] if db["exposed_io_s"] else None,
+            "epoch_ratio": r["total_s"] / db["total_s"] if db["total_s"] else None,
+        }
+    return out
+
+
+# ----------------------------------------------------------------------- output
+
+
+def _f(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """Tables II-V (per dataset: exposed I/O / compute / other / total per epoch) and
+    the buffer sweeps."""
+    parts = ["## feedline bench async\n"]
+    for name, e in result["datasets"].items():
+        sh = e["shape"]
+        parts.append(
+            f"### {name}: {sh['samples']} samples x {e['record_bytes'] / 1e3:.1f} KB, "
+            f"{e['ranks']} ranks, global batch {sh['batch_size']}, {e['steps']} steps, "
+            f"buffer {sh['buffer']} samples, compute "
+            + (
+                "a small model's training step"
+                if e.get("compute") == "model"
+                else f"{e['compute_ms']:.2f} ms/step"
+            )
+            + f" (limit {_f(e['limit_MBps'], '.0f')} MB/s)\n"
+        )
+        if "calibration" in e:
+            parts.append(
+                f"async read time per step without compute: "
+                f"{e['calibration']['read_ms_per_step']:.2f} ms\n"
+            )
+        epochs = e.get("epochs", 1)
+        parts.append(
+            f"Seconds per epoch, averaged over {epochs} epoch(s) (the page cache emptied "
+            "every 100 ms after the first, so no epoch reads from memory); '1st wait' is the "
+            "first step's wait of epoch 1 (cold start) and of later epochs (mean).\n"
+            if epochs > 1
+            else "Seconds of one epoch from cold cache.\n"
+        )
+        parts.append(
+            "| I/O strategy | what it is | shuffles? | exposed I/O s | 1st wait, epoch 1 | 1st wait, later | stalls s "
+            "| median wait ms | compute s asked (actual) | start-up s | other s | epoch s "
+            "| exposed % | read ops | MB/s | RL | digest |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        )
+        for r in e["rows"]:
+            if r["error"]:
+                parts.append(
+                    f"| {r['name']} | {report.describe_run(r['name'])} | "
+                    f"{report.shuffle_cell(r)} | error: {r['error']} |||||||"
+                )
+                continue
+            parts.append(
+                f"| {r['name']} | {report.describe_run(r['name'])} | {report.shuffle_cell(r)} "
+                f"| {_f(r['exposed_io_s'])} | {_f(r['first_wait_s'])} | "
+                f"{_f(r.get('later_first_wait_s'))} | {_f(r['stall_s'])} | "
+                f"{_f(r['median_wait_ms'])} | "
+                f"{_f(r['compute_s'])} ({_f(r['compute_actual_s'])}) | {_f(r['startup_s'])} | "
+                f"{_f(r['other_s'])} | {_f(r['total_s'])} | {_f(r['exposed_pct'], '.1f')} | "
+                f"{r['storage_ops']} | {_f(r['MBps'], '.0f')} | {_f(r['rl'], '.2f')} | "
+                f"{(r['digest'] or '-')[:12]} |"
+            )
+        s = e.get("summary") or {}
+        if s:
+            vs = ", ".join(
+                f"{k} {_f(v['exposed_ratio'], '.1f')}x exposed / {_f(v['epoch_ratio'], '.2f')}x "
+                "epoch"
+                for k, v in s["vs"].items()
+            )
+            parts.append(
+                f"\nasync-db exposed I/O = {_f(s['async_db_exposed_pct'], '.2f')}% of its "
+                f"epoch (stalls beyond the median wait: {_f(s.get('async_db_stall_pct'), '.2f')}%)"
+                f"; others vs async-db: {vs}\n"
+            )
+        if e.get("sweep"):
+            parts.append(
+                "buffer sweep (async-db):\n\n| buffer samples | buffer MiB | exposed I/O s "
+                "| of which 1st step | stalls s | median wait ms | epoch s | exposed % | read ops "
+                "| RL |\n|---|---|---|---|---|---|---|---|---|---|"
+            )
+            for r in e["sweep"]:
+                parts.append(
+                    f"| {r['buffer_samples']} | {r['buffer_MiB']:.2f} | {_f(r['exposed_io_s'])} "
+                    f"| {_f(r['first_wait_s'])} | {_f(r['stall_s'])} | {_f(r['median_wait_ms'])} "
+                    f"| {_f(r['total_s'])} | "
+                    f"{_f(r['exposed_pct'], '.1f')} | {r['storage_ops']} | {_f(r['rl'], '.2f')} |"
+                )
+            parts.append("")
+    return "\n".join(parts) + "\n"
+
+
+def plot(result: dict[str, Any], out_dir: str) -> list[str]:
+    """``async-breakdown.png`` (stacked exposed/compute/other per strategy, one panel
+    per dataset) and ``async-buffer-sweep.png`` (exposed I/O vs buffer MiB)."""
+    plt = report._pyplot()
+    made = []
+    names = [n for n, e in result["datasets"].items() if e.get("rows")]
+    if names:
+        fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 3.8), squeeze=False)
+        for ax, name in zip(axes[0], names, strict=True):
+            rows = [r for r in result["datasets"][name]["rows"] if r["total_s"] is not None]
+            x = range(len(rows))
+            bottom = [0.0] * len(rows)
+            for key, label in (
+                ("exposed_io_s", "exposed I/O"),
+                ("compute_actual_s", "compute (slept)"),
+                ("startup_s", "start-up"),
+                ("other_s", "other"),
+            ):
+                vals = [r[key] or 0.0 for r in rows]
+                ax.bar(x, vals, 0.7, bottom=bottom, label=label)
+                bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+            ax.set_xticks(list(x), [r["name"] for r in rows], rotation=30, ha="right")
+            ax.set_ylabel("seconds per epoch (slowest rank)")
+            ax.set_title(name)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = os.path.join(out_dir, "async-breakdown.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    sweeps = [(n, e["sweep"]) for n, e in result["datasets"].items() if e.get("sweep")]
+    if sweeps:
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for name, rows in sweeps:
+            pts = [(r["buffer_MiB"], r["exposed_io_s"]) for r in rows if r["exposed_io_s"]]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("I/O buffer per rank (MiB)")
+        ax.set_ylabel("exposed I/O per epoch (s)")
+        ax.set_title("async-db: exposed I/O vs buffer size")
+        ax.legend()
+        fig.tight_layout()
+        p = os.path.join(out_dir, "async-buffer-sweep.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    return made
+
+
+def emit(result: dict[str, Any], args: argparse.Namespace) -> None:
+    text = markdown(result)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "async.md"), "w") as f:
+        f.write(text)
+    report.write_json(result, args.json or os.path.join(args.out, "async.json"))
+    if not args.no_plots:
+        plot(result, args.out)
+
+
+def load(path: str) -> dict[str, Any]:
+    """Read a result document written by this scenario."""
+    with open(path) as f:
+        return json.load(f)
