@@ -325,7 +325,7 @@ class Dataset:
 
 
 def _expand_node(path_or_paths, comm):
-    """Replace ``{node}`` by this rank's (emulated) node index, as DESIGN.md defines it."""
+    """Replace ``{node}`` by this rank's (emulated) node index, as docs/benchmarks.md defines it (node = rank * nodes // ranks)."""
     items = path_or_paths if isinstance(path_or_paths, list | tuple) else [path_or_paths]
     if not any("{node}" in os.fspath(p) for p in items):
         return path_or_paths
@@ -356,7 +356,7 @@ def open_dataset(
     format : str, optional
         ``"lmdb"``, ``"hdf5"``, ``"tfrecord"``, ``"npy"`` or ``"records"``; detected
         from the path when omitted (``"records"`` must be named).
-    comm : mpi4py communicator, optional
+    comm : MPI communicator (``MPI.Comm``), optional
         When given, one rank per node builds or loads the index and shares it.
     sidecar : bool
         Cache the index in a sidecar file (default True).

@@ -1,7 +1,15 @@
-"""One place for feedline's defaults, each overridable by an environment variable.
+"""One place for feedline's defaults: the only reader of ``FEEDLINE_*`` variables.
 
-``defaults.get("memory_cap")`` returns the value of ``FEEDLINE_MEMORY_CAP`` if set,
-otherwise the built-in default. Values are parsed to the type of the default.
+``defaults.get("memory_cap")`` returns, in this order: a value given to
+:func:`set` (process-wide, or inside its ``with`` block), ``FEEDLINE_MEMORY_CAP`` from
+the environment, or the built-in default. Values are parsed and checked against the
+type of the default (sizes also take units: ``64MB``, ``2GiB``). Every knob, its
+variable and its meaning: :func:`describe`, and the table in docs/loader.md.
+
+>>> from feedline import defaults
+>>> with defaults.set(io_threads=8, memory_cap="1GiB"):
+...     defaults.get("io_threads")
+8
 """
 
 from __future__ import annotations
@@ -68,7 +76,6 @@ KNOBS: dict[str, _Knob] = {
         "many bytes (default RAM/2: the page cache cannot keep them for the next epoch), "
         "else with buffered pread",
     ),
-    "coalesce_mib": _Knob(8, "minimum coalesced read size in MiB"),
     "prefetch_depth": _Knob(2, "batches read ahead of the consumer (2 = double buffering)"),
     "cache_dir": _Knob(
         os.path.join(os.path.expanduser("~"), ".cache", "feedline"),
@@ -91,6 +98,9 @@ KNOBS: dict[str, _Knob] = {
     ),
     "poll_sleep_us": _Knob(200, "sleep between polls of a pending MPI request"),
     "progress": _Knob(1, "show progress bars on long work (0 to hide)"),
+    "dlio_preset": _Knob("feedline", "the Loader preset feedline.dlio.Loader runs under DLIO"),
+    "mpiexec": _Knob("", "the mpiexec the bench harness launches (empty: beside Python, PATH)"),
+    "fuse_bin": _Knob("", "the storage emulator's binary (empty: the installed one, PATH)"),
 }
 
 
@@ -98,33 +108,94 @@ KNOBS: dict[str, _Knob] = {
 _SIZES = ("memory_cap",)
 
 
-def get(name: str) -> Any:
-    """Return the effective value of knob *name* (environment first, then default)."""
+#: values given to :func:`set`, innermost last (a stack: ``with`` blocks nest)
+_OVERRIDES: list[dict[str, Any]] = []
+
+
+def _knob(name: str) -> _Knob:
     try:
-        knob = KNOBS[name]
+        return KNOBS[name]
     except KeyError:
         raise ConfigError(f"unknown feedline setting {name!r}; known: {sorted(KNOBS)}") from None
-    raw = os.environ.get("FEEDLINE_" + name.upper())
-    if raw is None or raw == "":
-        return knob.default
-    kind = type(knob.default)
+
+
+def _parse(name: str, raw: Any, where: str) -> Any:
+    """*raw* (a string from the environment, or a value given to :func:`set`) as the
+    knob's type; :class:`ConfigError` naming *where* it came from when it is not one."""
+    kind = type(_knob(name).default)
     if name in _SIZES:
         from .units import parse_bytes
 
-        return parse_bytes(raw, f"FEEDLINE_{name.upper()}")
+        return parse_bytes(raw, where)
+    if isinstance(raw, bool) or (kind is not str and not isinstance(raw, str | int | float)):
+        raise ConfigError(f"{where}={raw!r} is not a valid {kind.__name__}")
     try:
         if kind is int:
-            return int(float(raw))
+            value = float(raw)
+            if not value.is_integer():
+                raise ValueError
+            return int(value)
         return kind(raw)
     except ValueError:
-        raise ConfigError(
-            f"FEEDLINE_{name.upper()}={raw!r} is not a valid {kind.__name__}"
-        ) from None
+        raise ConfigError(f"{where}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def get(name: str) -> Any:
+    """The effective value of knob *name*: :func:`set`, else the environment, else the
+    default."""
+    knob = _knob(name)
+    for layer in reversed(_OVERRIDES):
+        if name in layer:
+            return layer[name]
+    raw = os.environ.get("FEEDLINE_" + name.upper())
+    if raw is None or raw == "":
+        return knob.default
+    return _parse(name, raw, f"FEEDLINE_{name.upper()}")
+
+
+def origin(name: str) -> str:
+    """Where :func:`get` takes *name* from: ``"set"``, ``"environment"`` or ``"default"``."""
+    _knob(name)
+    if any(name in layer for layer in _OVERRIDES):
+        return "set"
+    return "environment" if os.environ.get("FEEDLINE_" + name.upper()) else "default"
+
+
+class _Setting:
+    """What :func:`set` returns: the new values are in force at once; used as a context
+    manager, they end with the block (the previous ones come back)."""
+
+    def __init__(self, layer: dict[str, Any]) -> None:
+        self._layer = layer
+
+    def __enter__(self) -> _Setting:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for i in range(len(_OVERRIDES) - 1, -1, -1):
+            if _OVERRIDES[i] is self._layer:
+                del _OVERRIDES[i]
+                break
+
+
+def set(values: dict[str, Any] | None = None, /, **knobs: Any) -> _Setting:
+    """Set knobs for this process, over the environment: ``defaults.set(io_threads=8)``
+    or ``defaults.set({"io_threads": 8})``; ``with defaults.set(...):`` limits them to
+    the block. Values are checked like the environment's (:class:`ConfigError`)."""
+    layer = {**(values or {}), **knobs}
+    checked = {k: _parse(k, v, k) for k, v in layer.items()}
+    _OVERRIDES.append(checked)
+    return _Setting(checked)
+
+
+def reset() -> None:
+    """Drop every value given to :func:`set` (the environment and defaults remain)."""
+    _OVERRIDES.clear()
 
 
 def describe() -> str:
     """A table of every knob, its effective value and its environment variable."""
     lines = []
     for name, knob in KNOBS.items():
-        lines.append(f"FEEDLINE_{name.upper():<16} = {get(name)!s:<24} {knob.doc}")
+        lines.append(f"FEEDLINE_{name.upper():<20} = {get(name)!s:<24} {knob.doc}")
     return "\n".join(lines)

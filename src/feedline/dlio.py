@@ -16,8 +16,9 @@ importable without ``dlio_benchmark`` installed.
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from . import defaults
 
 __all__ = ["Loader", "dataset_for"]  # noqa: F822 - Loader: module __getattr__
 
@@ -63,7 +64,7 @@ def _make_loader(base: type) -> type:
             super().__init__(format_type, dataset_type, epoch, DataLoaderType.CUSTOM)
             self._loader: Any = None
             self._epoch: Any = None
-            self.preset = os.environ.get("FEEDLINE_DLIO_PRESET", "feedline")
+            self.preset = str(defaults.get("dlio_preset"))
 
         def read(self) -> None:
             from . import Loader as FeedlineLoader

@@ -23,12 +23,12 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import defaults
+from .batch import Batch
 from .errors import (
     ConcurrencyError,
     ConfigError,
@@ -45,74 +45,9 @@ from .pipeline.source import SOURCES, RawBatch, Source, SourceContext, source_na
 from .pipeline.world import LoaderWorld, resolve_world
 from .units import format_bytes
 
+__all__ = ["Batch", "Loader"]
+
 _LIVE: weakref.WeakSet[Loader] = weakref.WeakSet()
-
-
-@dataclass(slots=True)
-class Batch:
-    """This rank's sub-batch of one step.
-
-    Attributes
-    ----------
-    data : numpy.ndarray (or what ``transform`` returns)
-        Decoded samples ``(b, ...)``; with ``decode=False`` raw bytes: ``(b, L)`` uint8
-        for fixed-size records, else a flat uint8 array cut by ``lengths``.
-    labels : numpy.ndarray or None
-        Labels from the decoder or the index's label column.
-    ids : numpy.ndarray of int64
-        Global sample ids, in delivery order.
-    lengths : numpy.ndarray of int64
-        Raw record length of each sample.
-    step, epoch : int
-        Where in the run this batch belongs.
-    nbytes : int
-        Raw bytes of the sub-batch (the sum of ``lengths``).
-    """
-
-    data: Any
-    labels: Any
-    ids: np.ndarray
-    lengths: np.ndarray
-    step: int = 0
-    epoch: int = 0
-    nbytes: int = 0
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    @property
-    def ragged(self) -> bool:
-        """True when :attr:`data` is variable-length raw records, concatenated (flat
-        uint8 cut by :attr:`lengths`); see :meth:`samples` and :meth:`padded`."""
-        d = self.data
-        return (
-            isinstance(d, np.ndarray)
-            and d.ndim == 1
-            and d.dtype == np.uint8
-            and len(self.ids) != d.shape[0]
-            and d.shape[0] == int(np.sum(self.lengths))
-        ) or (isinstance(d, np.ndarray) and d.ndim == 1 and len(self.ids) == 0)
-
-    def samples(self) -> list[np.ndarray]:
-        """Each sample's record as its own uint8 array (views of :attr:`data`)."""
-        if not self.ragged:
-            return list(self.data)
-        ends = np.cumsum(self.lengths)
-        return [
-            self.data[e - n : e] for e, n in zip(ends.tolist(), self.lengths.tolist(), strict=True)
-        ]
-
-    def padded(self, pad_to: int | None = None, fill: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """``(b, L)`` uint8 records padded with *fill* to *pad_to* (default: the longest
-        of the batch), and the lengths. ConfigError when a record is longer."""
-        lengths = np.asarray(self.lengths, dtype=np.int64)
-        width = int(lengths.max(initial=0)) if pad_to is None else int(pad_to)
-        if len(lengths) and int(lengths.max()) > width:
-            raise ConfigError(f"a record of {int(lengths.max())} bytes exceeds pad_to={width}")
-        out = np.full((len(lengths), width), fill, dtype=np.uint8)
-        for k, rec in enumerate(self.samples()):
-            out[k, : len(rec)] = rec
-        return out, lengths
 
 
 class Loader:
@@ -135,7 +70,7 @@ class Loader:
     seed : int
         Seed of the shuffle; the epoch order is a pure function of (dataset, preset,
         seed, epoch) and, for presets that depend on it, the world size.
-    comm : mpi4py communicator, optional
+    comm : MPI communicator (``MPI.Comm``), optional
         Defaults to ``MPI.COMM_WORLD`` when launched by ``mpiexec``/``srun``, else one
         process. (Internal: a :class:`~feedline.pipeline.world.LoaderWorld`.)
     drop_last : bool
@@ -278,7 +213,7 @@ class Loader:
         opts = self.options
         if opts.prefetch_depth is not None:
             changes["prefetch_depth"] = opts.prefetch_depth
-        elif base.prefetch_depth >= 2 and os.environ.get("FEEDLINE_PREFETCH_DEPTH"):
+        elif base.prefetch_depth >= 2 and defaults.origin("prefetch_depth") != "default":
             changes["prefetch_depth"] = int(defaults.get("prefetch_depth"))
         if not opts.shuffle:
             changes["assignment"] = "strided"

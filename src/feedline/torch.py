@@ -12,7 +12,7 @@ Variable-length raw records (``decode=False``, or an LMDB of pickled/JPEG values
 not one tensor: ``ragged="list"`` (default) gives a list of per-sample uint8 tensors,
 ``ragged="pad"`` a ``(b, L)`` uint8 tensor padded with zeros plus the lengths.
 
-Launchers (DESIGN.md): under ``mpiexec``/``srun`` the world comes from MPI. Under
+Launchers (docs/getting-started.md): under ``mpiexec``/``srun`` the world comes from MPI. Under
 ``torchrun`` without MPI it is built from the torch.distributed environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``: nodes are the blocks of ``LOCAL_WORLD_SIZE``
 contiguous ranks torchrun assigns), or refused with a message — never every rank
@@ -21,7 +21,6 @@ reading everything.
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.fetch import _BaseDatasetFetcher
 
+from . import defaults
 from .errors import ConfigError
 from .loader import Batch, Loader
 from .pipeline.world import LoaderWorld, launched_by_mpi, torch_env_world
@@ -109,7 +109,7 @@ class FeedlineDataset(IterableDataset):
     transform : callable, optional
         Applied to the numpy :class:`~feedline.Batch` before conversion, in the loader's
         worker threads.
-    comm : mpi4py communicator, optional
+    comm : MPI communicator (``MPI.Comm``), optional
         As for the Loader; under torchrun without MPI the world is built from
         torch.distributed (see :func:`torch_world`).
     **loader_options
@@ -146,9 +146,7 @@ class FeedlineDataset(IterableDataset):
                 stacklevel=2,
             )
         if comm is None:
-            comm = torch_world(
-                int(loader_options.get("nodes", 0) or os.environ.get("FEEDLINE_NODES", 0) or 0)
-            )
+            comm = torch_world(int(loader_options.get("nodes", 0) or defaults.get("nodes") or 0))
         self.loader = Loader(
             dataset, batch_size, comm=comm, transform=self._convert, **loader_options
         )

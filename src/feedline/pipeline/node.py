@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from .. import defaults
+from ..dist import ops as mpi
 from ..dist.alarm import WaitBound
 from ..dist.world import FreeVote
 from ..errors import FeedlineError
@@ -582,7 +583,7 @@ class NodeWindowSource(Source):
     def close(self) -> None:
         try:
             self.stop()
-            if self._shm is not None and not _mpi_finalized():
+            if self._shm is not None and not mpi.finalized():
                 self._finish_serving()
                 self._release_window()
         finally:
@@ -675,12 +676,6 @@ def _plan_key(plan, first_step: int) -> int:
     )
     h.update(repr(ident).encode())
     return int.from_bytes(h.digest(), "little") >> 2
-
-
-def _mpi_finalized() -> bool:
-    from mpi4py import MPI
-
-    return bool(MPI.Is_finalized())
 
 
 register_source(NodeWindowSource)

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from .. import defaults
+from ..dist import ops as mpi
 from ..errors import ConfigError, CorruptDataError, FeedlineError, StorageError
 from .reader import ExtentReader, coalesce
 from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
@@ -66,31 +67,20 @@ _FLUSH_S = 20.0
 
 
 def flush_orphans() -> None:
-    """At exit (the Loader's exit hook, after closing every Loader; before mpi4py
-    finalizes MPI): complete the collectives a store that gave up
+    """At exit (the Loader's exit hook, after closing every Loader; before MPI is
+    finalized): complete the collectives a store that gave up
     posted (they complete when the other ranks reach them; this rank must progress them
     or the others wait forever). When a peer died, abort the job instead: MPI cannot
     finalize with a dead rank, and the survivors would hang in ``MPI_Finalize``."""
     if _DEAD:
-        import sys
-
-        from mpi4py import MPI
-
-        if not MPI.Is_finalized():
-            print(
-                f"feedline: aborting the MPI job: {_DEAD[0]} (MPI cannot finalize "
-                "with a dead rank)",
-                file=sys.stderr,
-                flush=True,
-            )
-            MPI.COMM_WORLD.Abort(70)
+        mpi.abort(
+            70, f"feedline: aborting the MPI job: {_DEAD[0]} (MPI cannot finalize with a dead rank)"
+        )
     if not _ORPHANS:
         return
-    from mpi4py import MPI
-
     deadline = time.monotonic() + _FLUSH_S
-    while _ORPHANS and not MPI.Is_finalized() and time.monotonic() < deadline:
-        if _ORPHANS[0][0].Test():
+    while _ORPHANS and not mpi.finalized() and time.monotonic() < deadline:
+        if mpi.done(_ORPHANS[0][0]):
             _ORPHANS.pop(0)
         else:
             time.sleep(1e-3)
@@ -206,15 +196,9 @@ class StoreSource(Source):
             )
         self._world = w
         if ctx.size > 1:
-            from mpi4py import MPI
-
-            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-                raise ConfigError(
-                    "the DeepIO store (source='store') needs MPI initialised with "
-                    "MPI_THREAD_MULTIPLE (a rank that leaves a pass serves the others from "
-                    "a thread): leave mpi4py.rc.thread_level at its default 'multiple'"
-                )
-        self._comm = w.comm.Dup() if w is not None and w.comm is not None else None
+            # a rank that leaves a pass serves the others from a thread
+            mpi.require_thread_multiple("the DeepIO store (source='store')")
+        self._comm = mpi.dup(w.comm) if w is not None and w.comm is not None else None
         self._P = ctx.size
         self._me = ctx.rank
         index = ctx.dataset.index
@@ -293,11 +277,11 @@ class StoreSource(Source):
             return np.array([[code, key]], dtype=np.int64)
         if self._pending is None:
             out = np.zeros((self._P, 2), dtype=np.int64)
-            req = self._comm.Iallgather(np.array([code, key], dtype=np.int64), out)
+            req = mpi.iallgather(self._comm, np.array([code, key], dtype=np.int64), out)
             self._pending = (req, out)
         req, out = self._pending
         t0 = time.monotonic()
-        while not req.Test():
+        while not mpi.done(req):
             if self._stop.is_set():
                 raise SourceStopped
             self._poll(t0)
@@ -669,16 +653,14 @@ class StoreSource(Source):
         self._invalidate()
         if self._comm is None or self._P == 1:
             return
-        from mpi4py import MPI
-
-        if MPI.Is_finalized():
+        if mpi.finalized():
             return
         msg = np.array([_GONE, 0], dtype=np.int64)
         out = np.zeros((self._P, 2), dtype=np.int64)
         if self._pending is not None:  # the serve thread's collective, still in flight
             _ORPHANS.append(self._pending)
             self._pending = None
-        _ORPHANS.append((self._comm.Iallgather(msg, out), msg, out))
+        _ORPHANS.append((mpi.iallgather(self._comm, msg, out), msg, out))
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> dict[str, Any]:
@@ -720,10 +702,7 @@ class StoreSource(Source):
             self._drain()
             self._free_window()
             if self._comm is not None and not self._kept and not self._gave_up:
-                from mpi4py import MPI
-
-                if not MPI.Is_finalized():
-                    self._comm.Free()
+                mpi.free(self._comm)
                 self._comm = None
         finally:
             if self._reader is not None:

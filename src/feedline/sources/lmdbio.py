@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from .. import defaults
+from ..dist import ops as mpi
 from ..errors import FeedlineError
 from ..pipeline.reader import ExtentReader, ReadList, gather
 from ..pipeline.source import RawBatch, Source, SourceContext, register_source
@@ -308,7 +309,7 @@ class LmdbioSource(Source):
     # ------------------------------------------------------------------- DM
     def _ring_setup(self, plan) -> None:
         if self._comm is None and self.world is not None and self.world.size > 1:
-            self._comm = self.world.comm.Dup()  # collective: every rank, once
+            self._comm = mpi.dup(self.world.comm)  # collective: every rank, once
         if not self.is_reader:
             return
         self.ring = plan.readers if self.aggregated else list(range(plan.world.size))
@@ -354,15 +355,15 @@ class LmdbioSource(Source):
             msg[2] = -2  # poison: this reader failed; the next one must not wait forever
         elif cursor is not None:
             msg[2:] = cursor.pack()
-        self._sends.append((self._comm.Isend(msg, dest=dest, tag=_TAG), msg))
-        self._sends = [(r, m) for r, m in self._sends if not r.Test()]
+        self._sends.append((mpi.isend(self._comm, msg, dest, _TAG), msg))
+        self._sends = [(r, m) for r, m in self._sends if not mpi.done(r)]
 
     def _recv_cursor(self, step: int) -> WalkCursor | None:
         src = self.ring[(self.g - 1) % len(self.ring)]
         buf = np.empty(_MSG, dtype=np.int64)
         t0 = time.perf_counter()
         while True:
-            self._poll(self._comm.Irecv(buf, source=src, tag=_TAG))
+            self._poll(mpi.irecv(self._comm, buf, src, _TAG))
             if buf[0] == self._gen and buf[1] == step:
                 break  # older generations are leftovers of an abandoned pass
         self._wait_add("handoff_wait_s", t0)
@@ -380,7 +381,7 @@ class LmdbioSource(Source):
             self.world.wait(req, stop=self._stop_evt, what="the cursor hand-off")
             return
         pause = defaults.get("poll_sleep_us") * 1e-6
-        while not req.Test():
+        while not mpi.done(req):
             time.sleep(pause)
 
     # ------------------------------------------------------------------ DIO
@@ -513,9 +514,7 @@ class LmdbioSource(Source):
         self._buf = None  # dropped before the next start allocates (else 2x the cap)
         if self._shm is not None:
             shm, self._shm = self._shm, None
-            from ..pipeline.node import _mpi_finalized
-
-            if not _mpi_finalized():
+            if not mpi.finalized():
                 shm.free()  # collective over the node
 
     def memory_bytes(self, plan) -> int:
@@ -564,10 +563,7 @@ class LmdbioSource(Source):
                 obj.close()
                 setattr(self, name, None)
         if self._comm is not None:
-            from ..pipeline.node import _mpi_finalized
-
-            if not _mpi_finalized():
-                self._comm.Free()
+            mpi.free(self._comm)
             self._comm = None
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from feedline import defaults
 from feedline.errors import ConfigError, FeedlineError
 from feedline.plan.world import WorldSpec
 from feedline_tools.bench import report
@@ -137,7 +138,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None =
 def mpiexec_command() -> str:
     """The ``mpiexec`` to launch with: ``FEEDLINE_MPIEXEC``, the one beside this Python
     (the mpich wheel installs it there), or the first on PATH."""
-    env = os.environ.get("FEEDLINE_MPIEXEC")
+    env = defaults.get("mpiexec")
     if env:
         return env
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -225,7 +226,7 @@ def run_scenario(
             f"--ranks {ranks} but this job has {size} ranks; drop --ranks "
             "when starting under mpiexec"
         )
-    nodes = args.nodes or int(os.environ.get("FEEDLINE_NODES") or 1)
+    nodes = args.nodes or int(defaults.get("nodes") or 1)
     world = WorldSpec(ranks, nodes)  # validates nodes <= ranks
     root = comm is None or comm.Get_rank() == 0
     spec = None

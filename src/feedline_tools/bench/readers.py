@@ -21,6 +21,7 @@ import tempfile
 
 import numpy as np
 
+from feedline import defaults
 from feedline_tools.bench.harness import (
     RunSpec,
     _size,
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     runs += [RunSpec(f"loader:{p}", f"loader:{p}") for p in args.presets.split(",") if p]
     if args.baseline is None:
         args.baseline = runs[0].name
-    nodes = args.nodes or int(os.environ.get("FEEDLINE_NODES") or 1)
+    nodes = args.nodes or int(defaults.get("nodes") or 1)
     tmpdir: list[str] = []
 
     def dataset() -> DatasetSpec:

@@ -121,7 +121,7 @@ class _Job:
         self.comm = comm
         self.rank = comm.Get_rank() if comm is not None else 0
         self.size = comm.Get_size() if comm is not None else 1
-        nodes = int(config.get("nodes") or os.environ.get("FEEDLINE_NODES") or 1)
+        nodes = int(config.get("nodes") or defaults.get("nodes") or 1)
         self.world = WorldSpec(self.size, nodes)
         self.node = self.world.node_of(self.rank)
         self.leader = self.world.ranks_of(self.node)[0] == self.rank

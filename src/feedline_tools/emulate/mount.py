@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from feedline import defaults
 from feedline.errors import ConfigError, FeedlineError
 from feedline_tools.emulate.params import EmulatorParams
 
@@ -45,7 +46,7 @@ def find_binary() -> str | None:
     Looked up in ``$FEEDLINE_FUSE_BIN``, then ``feedline/bin/`` beside the installed
     native module (where the build installs it), then beside this package, then PATH.
     """
-    env = os.environ.get("FEEDLINE_FUSE_BIN")
+    env = defaults.get("fuse_bin")
     if env:
         return env if os.path.isfile(env) and os.access(env, os.X_OK) else None
     candidates = []
@@ -77,7 +78,7 @@ def check_available() -> str:
         )
     binary = find_binary()
     if binary is None:
-        where = os.environ.get("FEEDLINE_FUSE_BIN")
+        where = defaults.get("fuse_bin")
         raise EmulatorUnavailable(
             f"FEEDLINE_FUSE_BIN={where} is not an executable file"
             if where
