@@ -33,7 +33,6 @@ simply discards it); ``stop`` and ``close`` cancel it.
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -171,10 +170,31 @@ def source_name_for(preset: str, explicit: str | None = None) -> str:
     return name
 
 
-def _load() -> None:
-    from . import direct, grouped, store  # noqa: F401  (import registers)
+#: Every source feedline ships, by name: the module that defines and registers it. One
+#: table, read lazily (a source module imports this one, never the reverse at import
+#: time). A user-written source registers itself with :func:`register_source`.
+SOURCE_MODULES: dict[str, str] = {
+    "direct": "feedline.pipeline.direct",
+    "grouped": "feedline.pipeline.grouped",
+    "node": "feedline.pipeline.node",
+    "store": "feedline.pipeline.store",
+    "lmdbio": "feedline.sources.lmdbio",
+}
 
-    with contextlib.suppress(ImportError):  # pragma: no cover - needs dist.world
-        from . import node  # noqa: F401
-    with contextlib.suppress(ImportError):  # the LMDBIO / MPI-Caffe presets
-        from ..sources import lmdbio  # noqa: F401
+
+def _load() -> None:
+    """Import every shipped source (once). No fallback: a source that cannot be imported
+    is a broken install, and the error says so."""
+    import importlib
+
+    for name, module in SOURCE_MODULES.items():
+        if name in SOURCES:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(
+                f"feedline's {name!r} source ({module}) cannot be imported: {e}. The "
+                "installation is incomplete: reinstall feedline (pip install feedline, or "
+                "dev/setup in a checkout) so that its native core feedline._core is built"
+            ) from e
