@@ -80,11 +80,11 @@ def window_layout(plan, ops, steps: range, rank: int, first_rank: int) -> dict:
     ids = np.concatenate([o.ids for o in ops])
     # a rank's sub-batch is the slots [lo, hi) of the buffer's list at each step
     st = np.arange(steps.start, steps.stop, dtype=np.int64)
-    L = plan._geo.step_len(st)
-    P = plan.world.size
+    step_len = plan._geo.step_len(st)
+    ranks = plan.world.size
 
     def bound(x):
-        return x * (L // P) + np.minimum(x, L % P)
+        return x * (step_len // ranks) + np.minimum(x, step_len % ranks)
 
     lo = bound(rank) - bound(first_rank)
     hi = bound(rank + 1) - bound(first_rank)
@@ -105,8 +105,8 @@ STALL_S = 10.0
 #: seconds a closing rank waits for the node's other ranks to close (collective free)
 CLOSE_GRACE_S = 5.0
 
-_C = 1 << 32  # pos/ready/fail words: pass * _C + count
-_DEPARTED = _C - 1  # count meaning "released every window of the pass"
+_PASS_STRIDE = 1 << 32  # pos/ready/fail words: pass * _PASS_STRIDE + count
+_DEPARTED = _PASS_STRIDE - 1  # count meaning "released every window of the pass"
 _CLOSED = (1 << 62) - 1  # pos of a rank whose Loader is closed
 _ERR_BYTES = 8192  # per reader: length + pickled failure
 _HEAD = 8  # words before the per-rank words (word 0: close counter)
@@ -128,7 +128,9 @@ class NodeOutOfStepError(FeedlineError):
 
 
 def _enc(gen: int, count: int) -> int:
-    return gen * _C + count
+    """A control word: pass number *gen* and a count within it (windows released,
+    complete or planned), ordered so that later passes compare greater."""
+    return gen * _PASS_STRIDE + count
 
 
 class _Pass:
@@ -283,27 +285,29 @@ class NodeWindowSource(Source):
                     )
 
     # ------------------------------------------------------------ window plans
-    def _plan_window(self, P: _Pass, r: int) -> list:
+    def _plan_window(self, this_pass: _Pass, r: int) -> list:
         """The first reader plans window *r* and publishes the plan in table ``r % 2``."""
         from ..plan.reads import window_ops
 
-        ops = window_ops(P.plan, P.unit, self._readers, r, P.steps[r], cap=self._half)
-        P.ops[r] = ops
+        ops = window_ops(
+            this_pass.plan, this_pass.unit, self._readers, r, this_pass.steps[r], cap=self._half
+        )
+        this_pass.ops[r] = ops
         words = self._tabs[r % 2].view(np.int64)
         n = _pack_ops(ops, words[3:])
-        words[0], words[1], words[2] = n, P.key, r  # n < 0: too large, the others plan it
-        self._publish(self._w_planned, _enc(P.gen, r + 1))
+        words[0], words[1], words[2] = n, this_pass.key, r  # n < 0: too large, the others plan it
+        self._publish(self._w_planned, _enc(this_pass.gen, r + 1))
         return ops
 
-    def _shared_ops(self, P: _Pass, r: int) -> list:
+    def _shared_ops(self, this_pass: _Pass, r: int) -> list:
         """Window *r*'s plan: this rank's own, or the first reader's from the table."""
-        ops = P.ops.get(r)
+        ops = this_pass.ops.get(r)
         if ops is not None:
             return ops
         self._shm.sync()
         words = self._tabs[r % 2].view(np.int64)
         n, key, win = (int(x) for x in words[:3])
-        if key != P.key or win != r:
+        if key != this_pass.key or win != r:
             raise NodeOutOfStepError(
                 f"the plan of window {r} in node {self._node}'s table belongs to another pass "
                 f"(epoch/step) than rank {self.ctx.rank}'s: the ranks of a node must iterate "
@@ -312,16 +316,18 @@ class NodeWindowSource(Source):
         if n < 0:  # pragma: no cover - see _plan_window
             from ..plan.reads import window_ops
 
-            ops = window_ops(P.plan, P.unit, self._readers, r, P.steps[r], cap=self._half)
+            ops = window_ops(
+                this_pass.plan, this_pass.unit, self._readers, r, this_pass.steps[r], cap=self._half
+            )
         else:
-            ops = _unpack_ops(words[3 : 3 + n], r, P.steps[r])
-        P.ops[r] = ops
+            ops = _unpack_ops(words[3 : 3 + n], r, this_pass.steps[r])
+        this_pass.ops[r] = ops
         return ops
 
     # ------------------------------------------------------------- reader duty
-    def _read_window(self, P: _Pass, r: int):
-        op = P.ops[r][self._my]
-        base = sum(o.nbytes for o in P.ops[r][: self._my])
+    def _read_window(self, this_pass: _Pass, r: int):
+        op = this_pass.ops[r][self._my]
+        base = sum(o.nbytes for o in this_pass.ops[r][: self._my])
         dest = np.zeros(len(op.lengths), dtype=np.int64)
         if len(op.lengths) > 1:
             np.cumsum(op.lengths[:-1], out=dest[1:])
@@ -330,49 +336,52 @@ class NodeWindowSource(Source):
         self._stats["read_windows"] += 1
         return self._reader.submit(ReadList(op.file_ids, op.offsets, op.lengths, dest), view)
 
-    def _pump(self, P: _Pass) -> None:
+    def _pump(self, this_pass: _Pass) -> None:
         """Publish this reader's finished reads; start those the node has room for."""
-        if P.failed is not None:
+        if this_pass.failed is not None:
             return
-        while P.published in P.futures and P.futures[P.published].done():
-            f = P.futures.pop(P.published)
+        while (
+            this_pass.published in this_pass.futures
+            and this_pass.futures[this_pass.published].done()
+        ):
+            f = this_pass.futures.pop(this_pass.published)
             try:
                 f.result()
             except BaseException as e:
-                self._fail(P, P.published, e)
+                self._fail(this_pass, this_pass.published, e)
                 return
-            P.published += 1
-            self._ctl[self._w_rkey + self._my] = P.key
-            self._publish(self._w_ready + self._my, _enc(P.gen, P.published))
-        n = len(P.steps)
-        while P.next_submit < n and P.next_submit - P.published < 2:
-            if any(t.is_alive() for t in P.after):
+            this_pass.published += 1
+            self._ctl[self._w_rkey + self._my] = this_pass.key
+            self._publish(self._w_ready + self._my, _enc(this_pass.gen, this_pass.published))
+        n = len(this_pass.steps)
+        while this_pass.next_submit < n and this_pass.next_submit - this_pass.published < 2:
+            if any(t.is_alive() for t in this_pass.after):
                 return  # an older pass's reads may still land in the halves
-            w = P.next_submit
+            w = this_pass.next_submit
             pos = self._pos_all()
-            if (pos < _enc(P.gen, max(w - 1, 0))).any():
+            if (pos < _enc(this_pass.gen, max(w - 1, 0))).any():
                 return  # some rank still reads the half of window w-2 (or an older pass)
-            if (pos >= _enc(P.gen, _DEPARTED)).all():
+            if (pos >= _enc(this_pass.gen, _DEPARTED)).all():
                 return  # nobody needs it
-            if self._my > 0 and self._ctl[self._w_planned] < _enc(P.gen, w + 1):
+            if self._my > 0 and self._ctl[self._w_planned] < _enc(this_pass.gen, w + 1):
                 return  # the first reader has not planned it yet
             self._shm.sync()
             try:
                 if self._my == 0:
-                    self._plan_window(P, w)
+                    self._plan_window(this_pass, w)
                 else:
-                    self._shared_ops(P, w)
-                P.futures[w] = self._read_window(P, w)
+                    self._shared_ops(this_pass, w)
+                this_pass.futures[w] = self._read_window(this_pass, w)
             except BaseException as e:
-                self._fail(P, w, e)
+                self._fail(this_pass, w, e)
                 return
-            P.next_submit += 1
+            this_pass.next_submit += 1
 
-    def _fail(self, P: _Pass, window: int, exc: BaseException) -> None:
+    def _fail(self, this_pass: _Pass, window: int, exc: BaseException) -> None:
         """Publish this reader's failure at *window* (the node's ranks raise it there)."""
         from ..dist.world import _Failure
 
-        P.failed = exc
+        this_pass.failed = exc
         blob = pickle.dumps(_Failure(exc, self.ctx.rank))
         if len(blob) > _ERR_BYTES - 8:
             f = _Failure(exc, self.ctx.rank)
@@ -382,7 +391,7 @@ class NodeWindowSource(Source):
         arr = self._shm.array
         arr[at : at + 8].view(np.int64)[0] = len(blob)
         arr[at + 8 : at + 8 + len(blob)] = np.frombuffer(blob, dtype=np.uint8)
-        self._publish(self._w_fail + self._my, _enc(P.gen, window + 1))
+        self._publish(self._w_fail + self._my, _enc(this_pass.gen, window + 1))
 
     def _failure_of(self, j: int) -> BaseException:
         at = self._err0 + j * _ERR_BYTES
@@ -395,45 +404,53 @@ class NodeWindowSource(Source):
             return e
         return FeedlineError(f"reader {self._readers[j]} failed")  # pragma: no cover
 
-    def _drain(self, P: _Pass) -> None:
-        for f in P.futures.values():
+    def _drain(self, this_pass: _Pass) -> None:
+        for f in this_pass.futures.values():
             with contextlib.suppress(BaseException):
                 f.result()  # never free or reuse memory the engine still writes
 
-    def _serve(self, P: _Pass, cancel: threading.Event) -> None:
-        """A reader that left pass P keeps reading it for the node's other ranks."""
+    def _serve(self, this_pass: _Pass, cancel: threading.Event) -> None:
+        """A reader that left the pass *this_pass* keeps reading it for the node's other ranks."""
         try:
-            while not cancel.is_set() and P.failed is None and P.published < len(P.steps):
-                self._pump(P)
+            while (
+                not cancel.is_set()
+                and this_pass.failed is None
+                and this_pass.published < len(this_pass.steps)
+            ):
+                self._pump(this_pass)
                 pos = self._pos_all()
                 pos[self._me] = _CLOSED
-                if (pos >= _enc(P.gen, _DEPARTED)).all():
+                if (pos >= _enc(this_pass.gen, _DEPARTED)).all():
                     return
                 time.sleep(self._pause)
         except BaseException as e:  # pragma: no cover - published for the peers
             with contextlib.suppress(BaseException):
-                self._fail(P, P.published, e)
+                self._fail(this_pass, this_pass.published, e)
         finally:
-            self._drain(P)
-            if cancel.is_set() and P.failed is None and P.published < len(P.steps):
-                self._pump(P)  # what finished while draining is still good
-                if P.failed is None:
+            self._drain(this_pass)
+            if (
+                cancel.is_set()
+                and this_pass.failed is None
+                and this_pass.published < len(this_pass.steps)
+            ):
+                self._pump(this_pass)  # what finished while draining is still good
+                if this_pass.failed is None:
                     self._fail(
-                        P,
-                        P.published,
+                        this_pass,
+                        this_pass.published,
                         NodePeerLeft(
                             self.ctx.rank,
                             self._node,
                             f"its Loader was closed and no rank of the node made progress "
-                            f"for {STALL_S:g} s; it did not read step {P.steps[P.published].start}"
+                            f"for {STALL_S:g} s; it did not read step {this_pass.steps[this_pass.published].start}"
                             " and later (every rank of a node must iterate the same steps)",
                         ),
                     )
 
     # -------------------------------------------------------------- consumer
-    def _enter(self, P: _Pass, r: int) -> None:
+    def _enter(self, this_pass: _Pass, r: int) -> None:
         """Release window r-1 and wait until every reader completed window r."""
-        g = P.gen
+        g = this_pass.gen
         self._publish(self._w_pos + self._me, _enc(g, r))
         need = _enc(g, r + 1)
         ready = slice(self._w_ready, self._w_ready + self._k)
@@ -441,7 +458,7 @@ class NodeWindowSource(Source):
         bound = WaitBound(self.world, f"the readers of node {self._node} (window {r})")
         while True:
             if self._is_reader:
-                self._pump(P)
+                self._pump(this_pass)
             pos = self._pos_all()  # before the flags: a reader closes after its last flag
             self._shm.sync()
             rd = self._ctl[ready].copy()
@@ -453,8 +470,8 @@ class NodeWindowSource(Source):
             if (rd >= need).all():
                 self._shm.sync()
                 keys = self._ctl[self._w_rkey : self._w_rkey + self._k]
-                if (keys != P.key).any():
-                    j = int(np.flatnonzero(keys != P.key)[0])
+                if (keys != this_pass.key).any():
+                    j = int(np.flatnonzero(keys != this_pass.key)[0])
                     raise NodeOutOfStepError(
                         f"reader rank {self._readers[j]} of node {self._node} read another pass "
                         f"(epoch/step) than rank {self.ctx.rank} at the same pass number: the "
@@ -466,39 +483,41 @@ class NodeWindowSource(Source):
                     raise NodePeerLeft(
                         self._readers[j],
                         self._node,
-                        f"it closed its Loader before reading step {P.steps[r].start}, which "
+                        f"it closed its Loader before reading step {this_pass.steps[r].start}, which "
                         f"rank {self.ctx.rank} needs (every rank of a node must iterate the "
                         "same steps)",
                     )
-            self._check_keys(g, P.key)  # ranks in this pass number must run this plan
+            self._check_keys(g, this_pass.key)  # ranks in this pass number must run this plan
             if self._stop_evt.is_set():
                 raise SourceStopped()
             bound.check()  # a failed or dead peer anywhere, or past the wait's bound
             time.sleep(self._pause)
         self._shm.sync()  # the readers' data is visible after their flags
         self._stats["node_syncs"] += 1
-        ops = self._shared_ops(P, r)
-        P.cur = window_layout(P.plan, ops, P.steps[r], self.ctx.rank, self._rank_lo)
-        for old in [w for w in P.ops if w < r - 1]:
-            del P.ops[old]
-        P.win = r
+        ops = self._shared_ops(this_pass, r)
+        this_pass.cur = window_layout(
+            this_pass.plan, ops, this_pass.steps[r], self.ctx.rank, self._rank_lo
+        )
+        for old in [w for w in this_pass.ops if w < r - 1]:
+            del this_pass.ops[old]
+        this_pass.win = r
 
     def get(self, step: int) -> RawBatch:
-        P = self._pass
-        if P is None:
+        this_pass = self._pass
+        if this_pass is None:
             raise SourceStopped()
-        while P.win < 0 or step >= P.steps[P.win].stop:
-            self._enter(P, P.win + 1)
+        while this_pass.win < 0 or step >= this_pass.steps[this_pass.win].stop:
+            self._enter(this_pass, this_pass.win + 1)
         if self._is_reader:
-            self._pump(P)
+            self._pump(this_pass)
         self._ctl[self._w_steps + self._me] += 1  # progress, for a closing reader
-        cur = P.cur
+        cur = this_pass.cur
         assert cur is not None
         i = step - cur["steps"].start
         a, b = int(cur["bounds"][i]), int(cur["bounds"][i + 1])
         if a == b:
             return RawBatch.empty()
-        data = gather(self._halves[P.win % 2], cur["src"][a:b], cur["size"][a:b])
+        data = gather(self._halves[this_pass.win % 2], cur["src"][a:b], cur["size"][a:b])
         return RawBatch(cur["ids"][a:b], data, cur["size"][a:b])
 
     # ------------------------------------------------------------- lifecycle
@@ -506,31 +525,35 @@ class NodeWindowSource(Source):
         self._stop_evt.set()
 
     def stop(self) -> None:
-        P, self._pass = self._pass, None
-        if P is None or self._shm is None:
+        this_pass, self._pass = self._pass, None
+        if this_pass is None or self._shm is None:
             return
-        self._publish(self._w_pos + self._me, _enc(P.gen, _DEPARTED))
+        self._publish(self._w_pos + self._me, _enc(this_pass.gen, _DEPARTED))
         if not self._is_reader:
             return
         pos = self._pos_all()
         pos[self._me] = _CLOSED
-        if P.failed is None and P.published < len(P.steps) and (pos < _enc(P.gen, _DEPARTED)).any():
+        if (
+            this_pass.failed is None
+            and this_pass.published < len(this_pass.steps)
+            and (pos < _enc(this_pass.gen, _DEPARTED)).any()
+        ):
             cancel = threading.Event()
             t = threading.Thread(
                 target=self._serve,
-                args=(P, cancel),
+                args=(this_pass, cancel),
                 name=f"feedline-r{self.ctx.rank}-node-serve",
                 daemon=True,
             )
             self._serving.append((t, cancel))
             t.start()
         else:
-            self._drain(P)
+            self._drain(this_pass)
 
     def _progress(self) -> int:
         c = self._ctl
         return int(c[self._w_steps : self._w_steps + self._n].sum()) + int(
-            (self._pos_all() % _C).sum()
+            (self._pos_all() % _PASS_STRIDE).sum()
         )
 
     def _finish_serving(self) -> None:

@@ -42,6 +42,7 @@ import hashlib
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,6 @@ from .source import RawBatch, Source, SourceContext, SourceStopped, register_sou
 CLOSE_GRACE_S = 5.0
 STALL_S = 10.0  # close() says it is waiting for the others after this long
 _log = logging.getLogger("feedline.store")
-_FAILED = 1 << 62
 
 _PASS_KEYS = ("rma_gets", "rma_bytes", "rma_wait_s", "node_bytes", "local_bytes")
 _OK, _LEFT, _STORAGE, _CORRUPT, _OTHER, _GONE = 0, 1, 2, 3, 4, 5
@@ -176,6 +176,18 @@ def _code_of(e: BaseException) -> int:
     return _OTHER
 
 
+@dataclass
+class _RoundLoad:
+    """A round being loaded into the store: C1, this rank's share read, C2 (the stage
+    says which collective comes next, so a stopped ``get`` resumes where it was)."""
+
+    round: int
+    stage: int = 0  # 0: C1 next; 1: C1 done, the share is read; 2: C2 next
+    code: int = _OK  # this rank's outcome, told to the others at C2
+    error: BaseException | None = None  # this rank's error, raised after C2
+    future: Any = None  # the share's read in flight
+
+
 def _share(ids: np.ndarray, P: int, k: int) -> np.ndarray:
     """Rank *k*'s share of a round's sorted ids: P runs of equal-as-possible count."""
     n = len(ids)
@@ -217,9 +229,10 @@ class StoreSource(Source):
         self._rounds: _Rounds | None = None
         self._pass = 0
         self._hi = -1  # highest round loaded in this pass
+        self._failed = False  # this pass failed: nothing more is loaded or delivered
         self._stop = threading.Event()
         self._pending: Any = None  # a collective in flight when a get() was stopped
-        self._next: list[Any] | None = None  # [round, stage, code, error, future]
+        self._next: _RoundLoad | None = None  # the round being loaded
         self._placed: Any = None  # the resident key owner/disp describe
         self._ids: Any = None  # this rank's ids in the pass, and per-step offsets
         self._offs: Any = None
@@ -348,7 +361,9 @@ class StoreSource(Source):
     def _invalidate(self) -> None:
         self._resident = [None] * self._nslots
         self._placed = None
-        self._hi = _FAILED
+        self._failed = True
+        # nothing more is loaded in this pass: every loop over rounds ends here
+        self._hi = self._rounds.last if self._rounds is not None else self._hi
 
     # Every round is loaded by: C1 (a collective: nobody reads the round its slot holds
     # any more, and is anyone still here?), an asynchronous read of this rank's share,
@@ -374,10 +389,10 @@ class StoreSource(Source):
 
     def _begin(self, r: int) -> None:
         """C1, then submit this rank's share of round *r* (resumable at C1)."""
-        st = self._next if self._next is not None and self._next[0] == r else None
+        st = self._next if self._next is not None and self._next.round == r else None
         if st is None:
-            st = self._next = [r, 0, _OK, None, None]
-        if st[1] == 0:
+            st = self._next = _RoundLoad(r)
+        if st.stage == 0:
             got = self._collective(_LEFT if self._departed else _OK, self._key(r, 1))
             if self._comm is not None and bool((got[:, 0] == _LEFT).all()):
                 self._next = None
@@ -388,13 +403,13 @@ class StoreSource(Source):
             except FeedlineError:
                 self._next = None
                 raise
-            st[1] = 1  # C1 is done: whatever happens below, C2 comes next
+            st.stage = 1  # C1 is done: whatever happens below, C2 comes next
             slot = r % self._nslots
             self._resident[slot] = None
             try:
-                st[4] = self._submit_share(self._rounds.ids(r), slot)
+                st.future = self._submit_share(self._rounds.ids(r), slot)
             except BaseException as e:  # C2 tells the others (even of a Ctrl-C here)
-                st[2], st[3] = _code_of(e), e
+                st.code, st.error = _code_of(e), e
                 if not isinstance(e, Exception):
                     raise
 
@@ -412,24 +427,24 @@ class StoreSource(Source):
             return
         self._begin(r)
         st = self._next
-        assert st is not None and st[0] == r
-        if st[1] == 1:
-            fut = st[4]
-            if fut is not None and st[3] is None:
+        assert st is not None and st.round == r
+        if st.stage == 1:
+            fut = st.future
+            if fut is not None and st.error is None:
                 try:
                     fut.result()  # a stop here leaves the future to _drain
                 except Exception as e:
-                    st[2], st[3] = _code_of(e), e
-            st[4] = None
-            self._resident[slot] = None if st[3] is not None else key
+                    st.code, st.error = _code_of(e), e
+            st.future = None
+            self._resident[slot] = None if st.error is not None else key
             if self._rma is not None:
                 self._rma.sync()
-            st[1] = 2
-        got = self._collective(st[2], self._key(r, 2))
+            st.stage = 2
+        got = self._collective(st.code, self._key(r, 2))
         self._next = None
-        if st[3] is not None:
+        if st.error is not None:
             self._invalidate()
-            raise st[3]
+            raise st.error
         self._check(got, f"round {r}")
         if self._rma is not None:
             self._rma.sync()
@@ -441,9 +456,9 @@ class StoreSource(Source):
     def _drain(self) -> None:
         """Wait for a share read in flight (its buffer must not be reused under it)."""
         st, self._next = self._next, None
-        if st is not None and st[4] is not None:
+        if st is not None and st.future is not None:
             with contextlib.suppress(Exception):
-                st[4].result()
+                st.future.result()
 
     def _submit_share(self, ids: np.ndarray, slot: int) -> Any:
         """Start reading this rank's share of a round into *slot*; a future or None."""
@@ -500,6 +515,7 @@ class StoreSource(Source):
             )
         self._rounds = rounds
         self._pass += 1
+        self._failed = False
         if first_step < plan.num_steps:
             self._hi = int(rounds.step_min[first_step]) - 1
             self._done_pass = False
@@ -543,7 +559,7 @@ class StoreSource(Source):
             return self._get(step)
 
     def _get(self, step: int) -> RawBatch:
-        if self._hi >= _FAILED:
+        if self._failed:
             raise FeedlineError("the in-memory store failed earlier in this pass")
         self._ensure(step)
         if self._ids is None:  # this rank's whole pass at once: O(N/P), vectorised
@@ -588,7 +604,7 @@ class StoreSource(Source):
         if self._rounds is None or self._done_pass:
             return
         self._done_pass = True
-        if self._hi >= _FAILED or self._comm is None or self._P == 1:
+        if self._failed or self._comm is None or self._P == 1:
             self._drain()
             self._pending = None
             return
