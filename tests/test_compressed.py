@@ -24,6 +24,18 @@ from feedline.pipeline.world import LoaderWorld
 from feedline_tools.make import generate
 
 PRESETS = ["feedline", "tf", "tf-pre", "async", "async-db"]
+#: the LMDBIO / MPI-Caffe presets read other formats located by the index
+LMDBIO_PRESETS = [
+    "lmdb",
+    "lmm",
+    "lmm-dm",
+    "lmm-dio",
+    "lmm-dio-prov",
+    "lmm-dio-prov-coal",
+    "lmm-dio-prov-coal-stag",
+    "skip",
+    "contiguous",
+]
 
 
 def science(n: int, side: int, seed: int = 0) -> np.ndarray:
@@ -126,7 +138,7 @@ def test_incompressible_chunks_skipped_by_lzf_are_read_as_stored(tmp_path):
     assert ds.read_many(np.arange(40))[0].tobytes() == x.tobytes()
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", PRESETS + LMDBIO_PRESETS)
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_every_preset_delivers_h5py_bytes_once(h5, preset, ranks):
     p, x = h5

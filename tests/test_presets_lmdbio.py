@@ -177,6 +177,24 @@ def test_single_process_two_epochs_right_bytes(cifar, preset):
     assert table.count("\n") == 3 and "| 0 | yes |" in table
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+def test_ranks_without_mpi_each_read_their_own_share(cifar, preset):
+    """A world of ranks without MPI (rank and size from torch.distributed): every
+    preset delivers each sample once, with its bytes (PROV's node windows need MPI
+    shared memory: it reads per rank instead; it raised IndexError before)."""
+    from feedline.pipeline.world import LoaderWorld
+
+    ds = open_dataset(cifar)
+    seen = []
+    for r in range(3):
+        with Loader(ds, 48, preset=preset, decode=False, comm=LoaderWorld(r, 3)) as ld:
+            for b in ld:
+                raw = np.ascontiguousarray(b.data).reshape(-1).tobytes()
+                assert raw == b"".join(ds.read(int(i)) for i in b.ids)
+                seen.extend(b.ids.tolist())
+    assert sorted(seen) == list(range(len(ds)))
+
+
 def test_not_an_lmdb_keeps_the_readers_without_a_walk(tmp_path):
     path = generate("cifar10-bin", str(tmp_path / "bin"), samples=300, progress=False)
     with open(os.path.join(path, ".feedline-make.json")) as f:

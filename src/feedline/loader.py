@@ -229,6 +229,16 @@ class Loader:
         if self._source_name == "direct" and st.aggregated:
             # node aggregation needs the node source (MPI windows); direct reads per rank
             st = st.replace(readers_per_node=0)
+        if (
+            self._source_name == "lmdbio"
+            and st.aggregated
+            and st.locate not in ("seek", "speculative")
+            and self.world.dist is None
+            and self.world.size > 1
+        ):
+            # PROV's node windows need MPI shared memory: without an MPI world (a
+            # torch.distributed job) every rank reads its own windows
+            st = st.replace(readers_per_node=0)
         if st.stagger and not getattr(SOURCES[self._source_name], "staggers", False):
             st = st.replace(stagger=0)  # token passing is the LMDBIO source's
         if self._source_name == "node" and not st.aggregated:

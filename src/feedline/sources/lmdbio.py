@@ -386,7 +386,10 @@ class LmdbioSource(Source):
 
     # ------------------------------------------------------------------ DIO
     def _locate_setup(self, plan) -> None:
-        self.locator_rank = plan.readers[0] if self.aggregated else 0
+        if self.aggregated:
+            self.locator_rank = plan.readers[0]
+        else:  # rank 0 locates for everyone; without MPI to share it, every rank itself
+            self.locator_rank = 0 if self.world is not None else self.ctx.rank
         self.w_locate = max(1, -(-_LOCATE_RECORDS // plan.batch_size))
         self._located = (np.zeros(0, np.int64),) * 3
         if self.ctx.rank == self.locator_rank and self._locator is None:
