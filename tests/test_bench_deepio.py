@@ -48,4 +48,6 @@ def test_bench_deepio_quick(tmp_path):
     assert rl[0.25]["ordered"] == pytest.approx(0.9696, abs=5e-5)
     for name in ("fig9", "fig10", "fig13"):
         assert (out / f"deepio-{name}.png").stat().st_size > 1000
-    assert "## Fig. 13" in (out / "deepio.md").read_text()
+    md = (out / "deepio.md").read_text()
+    assert "## Fig. 13" in md
+    assert "| column | what it does | shuffles? |" in md and "| seq (FS, cold) |" in md

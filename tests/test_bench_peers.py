@@ -23,6 +23,15 @@ def _doc(steps_per_rank):
     return docs
 
 
+def test_shuffles_cell_judges_what_was_delivered():
+    from feedline_tools.bench.peers import shuffles
+
+    assert shuffles({"classes_per_batch": 10.0, "spearman": 0.01}, 10) == "yes"
+    assert shuffles({"classes_per_batch": 1.0, "spearman": 0.99}, 10) == "no"
+    assert shuffles({"classes_per_batch": 6.4, "spearman": 0.02}, 10) == "partly"
+    assert shuffles({"classes_per_batch": None, "spearman": None}, 10) == "-"
+
+
 def test_delivered_measures():
     n = 40
     # two ranks, class-sorted ids (4 classes of 10): rank 0 takes the first half in order
@@ -86,6 +95,7 @@ def test_peers_quick(tmp_path):
         assert rows["webdataset"].get("exactly_once"), rows["webdataset"]
     md = (out / "peers.md").read_text()
     assert "| webdataset | 1 |" in md and "DistributedSampler" in md
+    assert "| loader | P | shuffles? |" in md and "| feedline | 1 | yes |" in md
     # the conversions are cached: a second run finds them
     assert (tmp_path / "cache" / "hdf5" / ".complete").exists()
 

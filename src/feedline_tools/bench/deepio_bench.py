@@ -228,6 +228,18 @@ def markdown(doc: dict[str, Any]) -> str:
         f"# feedline bench deepio — {c['ranks']} ranks on {c['nodes']} emulated nodes, "
         f"storage: {c['storage']}",
         "",
+        "| column | what it does | shuffles? |",
+        "|---|---|---|",
+        "| seq (FS, cold) | every rank reads its contiguous part of the file from storage | no |",
+        "| ordered (memory) | DeepIO ordered mode: the dataset in the job's memory, each "
+        "batch drawn from a global permutation (one-sided gets from other ranks) "
+        "| yes (RL table below) |",
+        "| opportunistic (memory) | DeepIO opportunistic mode: each rank serves a seeded "
+        "permutation of what its own memory holds first (no remote gets) "
+        "| yes, locally (RL table below) |",
+        "| deepio.batch / torch DataLoader (Table I) | the portable batch API vs per-sample "
+        "loading of the same index array | as the index array (seeded shuffle) |",
+        "",
         "## Fig. 9: aggregate read bandwidth vs element size (MB/s)",
         "",
         "| element | seq (FS, cold) | ordered (memory) | opportunistic (memory) | ordered load (cold) "

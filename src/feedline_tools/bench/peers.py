@@ -306,28 +306,47 @@ def _f(x: Any, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else format(x, spec)
 
 
+def shuffles(r: dict[str, Any], classes: int) -> str:
+    """The "shuffles?" cell, judged on what was delivered: ``yes`` when batches mix
+    (nearly) every class and the order is unrelated to disk order, ``no`` when the order
+    follows the disk, ``partly`` in between."""
+    cpb, rho = r.get("classes_per_batch"), r.get("spearman")
+    if cpb is None or rho is None or not np.isfinite(cpb) or not np.isfinite(rho):
+        return "-"
+    if abs(rho) > 0.9 and cpb < 0.5 * classes:
+        return "no"
+    if cpb >= 0.9 * classes and abs(rho) <= 0.1:
+        return "yes"
+    return "partly"
+
+
 def markdown(doc: dict[str, Any]) -> str:
     head = (
-        "| loader | P | samples/s | wait/step ms | first batch s | peak RSS MB | read MB "
-        "| read calls | classes/batch | Spearman | RL | exactly once |"
+        "| loader | P | shuffles? | samples/s | wait/step ms | first batch s | peak RSS MB "
+        "| read MB | read calls | classes/batch | Spearman | RL | exactly once |"
     )
     lines = [
         f"`feedline bench peers`: {doc['samples']:,} samples of ~3 KB, class-sorted "
         f"({doc['classes']} classes), global batch {doc['batch_size']}, local disk, cold cache; "
         f"load average {doc['load']}.",
         "",
+        "shuffles?: yes = >= 90% of the classes in a batch on average and |Spearman| <= 0.1 "
+        "(delivery order unrelated to disk order); no = the order follows the disk; "
+        "partly = in between.",
+        "",
         head,
-        "| " + " | ".join(["---"] * 12) + " |",
+        "| " + " | ".join(["---"] * 13) + " |",
     ]
     for r in doc["rows"]:
         if r.get("error"):
-            lines.append(f"| {r['loader']} | {r['ranks']} | {r['error']} |" + " |" * 9)
+            lines.append(f"| {r['loader']} | {r['ranks']} | - | {r['error']} |" + " |" * 9)
             continue
         once = (
             "yes" if r["exactly_once"] else (f"no: {r['duplicates']} dup, {r['missing']} missing")
         )
         lines.append(
-            f"| {r['loader']} | {r['ranks']} | {_f(r['samples_per_s'], ',.0f')} "
+            f"| {r['loader']} | {r['ranks']} | {shuffles(r, doc['classes'])} "
+            f"| {_f(r['samples_per_s'], ',.0f')} "
             f"| {_f(r['wait_ms'], '.2f')} | {_f(r['ttfb_s'], '.2f')} | {_f(r['peak_rss_mb'], '.0f')} "
             f"| {_f(r['read_mb'], '.0f')} | {r['read_calls']:,} | {_f(r['classes_per_batch'], '.1f')} "
             f"| {_f(r['spearman'], '.3f')} | {_f(r['rl'], '.2f')} | {once} |"
