@@ -3,14 +3,14 @@
 A bar is shown only where someone can read it: on MPI rank 0 (or the only process),
 when stderr is a terminal, and when ``FEEDLINE_PROGRESS`` is not 0. Hidden bars are
 tqdm's own no-op bars, so callers use one code path (iterate, ``update``, ``close``,
-``with``) whether or not anything is drawn. The rank is read from the launcher's
-environment (MPICH, Open MPI, PMIx, Slurm, torchrun) or from an already initialised
-mpi4py, never by importing mpi4py here: a progress bar must not initialise MPI.
+``with``) whether or not anything is drawn. The rank is read from an already initialised
+MPI (:func:`feedline.dist.ops.world_rank`), else from the launcher's environment by
+:func:`feedline.dist.launch.detect` (MPICH, Open MPI, PMIx, srun, torchrun): a progress
+bar never initialises MPI.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -18,34 +18,21 @@ from typing import Any
 from tqdm import tqdm
 
 from . import defaults
-
-# Launcher variables holding this process's global rank, most specific first.
-_RANK_VARS = (
-    "PMI_RANK",  # MPICH / Hydra
-    "OMPI_COMM_WORLD_RANK",  # Open MPI
-    "PMIX_RANK",  # PMIx launchers
-    "SLURM_PROCID",  # srun
-    "RANK",  # torchrun
-)
+from .dist.launch import rank_from_env
+from .dist.ops import world_rank
 
 
 def process_rank() -> int:
     """This process's global rank (0 when not launched in parallel).
 
-    Uses mpi4py only when the program has already imported and initialised it.
+    Uses MPI only when the program has already initialised it; else
+    the launcher's rank from :func:`feedline.dist.launch.rank_from_env` (the same rule
+    as the Loader's world: an srun task id counts inside an srun step only).
     """
-    mpi_mod = sys.modules.get("mpi4py.MPI")
-    if mpi_mod is not None:
-        try:
-            if mpi_mod.Is_initialized() and not mpi_mod.Is_finalized():
-                return int(mpi_mod.COMM_WORLD.Get_rank())
-        except Exception:  # a half-initialised MPI is not our business here
-            pass
-    for var in _RANK_VARS:
-        raw = os.environ.get(var, "")
-        if raw.strip().isdigit():
-            return int(raw)
-    return 0
+    rank = world_rank()
+    if rank is not None:
+        return rank
+    return rank_from_env()
 
 
 def should_show(enabled: bool | None = None, stream: Any = None) -> bool:

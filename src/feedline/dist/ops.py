@@ -33,6 +33,20 @@ def usable() -> bool:
     return bool(mod is not None and mod.Is_initialized() and not mod.Is_finalized())
 
 
+def world_rank() -> int | None:
+    """This process's rank in ``COMM_WORLD`` when the program has already initialised
+    MPI (never initialises it), else None."""
+    mod = sys.modules.get("mpi4py.MPI")
+    if mod is None:
+        return None
+    try:
+        if mod.Is_initialized() and not mod.Is_finalized():
+            return int(mod.COMM_WORLD.Get_rank())
+    except Exception:  # a half-initialised MPI is not ours to judge here
+        return None
+    return None
+
+
 def require_thread_multiple(what: str) -> None:
     """Raise :class:`ConfigError` unless MPI runs with ``MPI_THREAD_MULTIPLE``
     (*what* needs it: it calls MPI from a thread of its own)."""

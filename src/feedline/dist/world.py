@@ -1,7 +1,8 @@
 """World: ranks, nodes and the few MPI operations feedline needs — the only MPI code.
 
-mpi4py is imported lazily, only when a communicator is given or the process was started
-by ``mpiexec``/``srun``; otherwise a single-process World stands in. Nodes come from
+mpi4py is imported lazily, only when a communicator is given or the launcher started
+several processes (:func:`feedline.dist.launch.detect`: ``mpiexec``, ``srun``); otherwise
+a single-process World stands in. Nodes come from
 ``Split_type(COMM_TYPE_SHARED)`` or are emulated (``FEEDLINE_NODES=M`` or ``nodes=M``:
 node = rank·M // P). Every wait polls a nonblocking request with short sleeps
 (``FEEDLINE_POLL_SLEEP_US``) instead of blocking in MPICH, which busy-polls and would
@@ -24,16 +25,16 @@ from ..errors import ConfigError, FeedlineError
 from ..plan.world import WorldSpec
 from .alarm import Alarm, pid_alive
 from .alarm import register as register_alarm
+from .launch import detect, launcher_comm
 
-_LAUNCHER_ENV = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 _TOKEN_TAG = 0x7EED
 
 
 def launched_by_mpi() -> bool:
-    """True when an MPI launcher started this process (mpiexec, srun with PMI)."""
-    if any(v in os.environ for v in _LAUNCHER_ENV):
-        return True
-    return int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_PROCID" in os.environ
+    """True when an MPI launcher or srun started several processes of this job (or did
+    not say how many): :attr:`feedline.dist.launch.Launch.mpi_world` of
+    :func:`~feedline.dist.launch.detect`."""
+    return detect().mpi_world
 
 
 def _mpi():
@@ -503,16 +504,12 @@ class World:
             wait polls, and watch it at exit (the Loader's worlds).
         """
         if comm is None:
-            if launched_by_mpi():
-                try:
-                    comm = _mpi().COMM_WORLD
-                except ImportError:
-                    raise ConfigError(
-                        "started by an MPI launcher but mpi4py is missing: pip install mpi4py mpich"
-                    ) from None
-            elif int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            launch = detect()
+            if launch.mpi_world:
+                comm = launcher_comm(launch)  # raises when MPI sees 1 of N processes
+            elif launch.kind == "torchrun" and launch.multi_process:
                 raise ConfigError(
-                    "launched by torchrun (WORLD_SIZE > 1) without MPI: feedline needs MPI to "
+                    f"launched by {launch.describe()} without MPI: feedline needs MPI to "
                     "split the data; launch with mpiexec/srun (pip install mpi4py mpich)"
                 )
         if comm is None:

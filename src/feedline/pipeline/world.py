@@ -1,24 +1,26 @@
 """Which rank am I, of how many, on which node: the Loader's view of the job.
 
-Resolution order (DESIGN.md, "Launchers"): an explicit mpi4py communicator; else
-``MPI.COMM_WORLD`` when ``mpiexec``/``srun`` started several processes; else one
-process. A job started by ``torchrun`` (``WORLD_SIZE`` > 1 without an MPI launcher) is
-refused here with a message — :mod:`feedline.torch` builds a world from
-torch.distributed instead — so no rank ever silently reads the whole dataset. Node
-discovery and windows belong to :mod:`feedline.dist`; this module only asks it.
+Resolution order (docs/getting-started.md, "Under mpiexec and srun"): an explicit MPI
+communicator; else ``MPI.COMM_WORLD`` when the launcher — read by
+:func:`feedline.dist.launch.detect`, the one detector — is ``mpiexec``/``mpirun``/a PMIx
+launcher or an ``srun`` step that started several processes (checked: when MPI sees one
+process of several, :class:`~feedline.dist.launch.LaunchMismatchError`); else one
+process, without starting MPI. A job started by ``torchrun`` (or any
+torch.distributed environment, ``WORLD_SIZE`` > 1, without an MPI launcher) is refused
+here with a message — :mod:`feedline.torch` builds a world from torch.distributed
+instead — so no rank ever silently reads the whole dataset. Node discovery and windows
+belong to :mod:`feedline.dist`; this module only asks it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..dist.launch import detect, launcher_comm, torch_launch
 from ..errors import ConfigError
 from ..plan.world import WorldSpec
-
-_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 
 
 @dataclass
@@ -32,7 +34,7 @@ class LoaderWorld:
         Nodes (real, or emulated with ``nodes=`` / ``FEEDLINE_NODES``).
     emulated : bool
         Nodes are emulated (``node = rank * nodes // size``).
-    comm : mpi4py communicator or None
+    comm : MPI communicator (``MPI.Comm``) or None
     dist : feedline.dist.world.World or None
         The MPI World (node windows, tokens) when available.
     launcher : str
@@ -69,42 +71,51 @@ class LoaderWorld:
 
 
 def launched_by_mpi() -> int:
-    """World size announced by an MPI launcher's environment (0 when none)."""
-    for var in _MPI_SIZE_VARS[:3]:
-        v = os.environ.get(var)
-        if v and v.isdigit():
-            return int(v)
-    return 0
+    """World size announced by an MPI launcher's PMI/PMIx variables (``mpiexec``,
+    ``mpirun``, ``srun --mpi=pmi2|pmix``), 0 when there are none or they give no size.
+
+    An srun step without PMI variables and torchrun do not count here (see
+    :func:`feedline.dist.launch.detect` for the whole rule): :mod:`feedline.torch` builds
+    its world from the torch.distributed variables unless this is above 1.
+    """
+    launch = detect()
+    return (launch.size or 0) if launch.by_mpi else 0
 
 
 def torch_env_world() -> tuple[int, int, int] | None:
-    """``(rank, world_size, local_world_size)`` from torchrun's environment, or None."""
-    try:
-        size = int(os.environ.get("WORLD_SIZE", ""))
-        rank = int(os.environ.get("RANK", ""))
-    except ValueError:
+    """``(rank, world_size, local_world_size)`` from the torch.distributed variables
+    (``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``; set by torchrun, or by a script
+    under srun), or None when they are not all there."""
+    tl = torch_launch()
+    if tl is None or tl.rank is None or tl.size is None:
         return None
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or size
-    return rank, size, local
+    return tl.rank, tl.size, tl.local_size or tl.size
 
 
 def resolve_world(comm: Any, nodes: int = 0) -> LoaderWorld:
-    """The world for *comm* (None: detect the launcher); *nodes* > 0 emulates nodes."""
+    """The world for *comm* (None: detect the launcher); *nodes* > 0 emulates nodes.
+
+    Raises
+    ------
+    ConfigError
+        torchrun (torch.distributed variables, several processes) without MPI, or a
+        multi-process launch without the MPI package .
+    LaunchMismatchError
+        The launcher started several processes but MPI sees one (a ``ConfigError``).
+    """
     if isinstance(comm, LoaderWorld):
         return comm
     if comm is None:
-        if launched_by_mpi() > 1:
-            from mpi4py import MPI
-
-            comm = MPI.COMM_WORLD
+        launch = detect()
+        if launch.mpi_world:
+            comm = launcher_comm(launch)  # raises when MPI sees 1 of N processes
+        elif launch.kind == "torchrun" and launch.multi_process:
+            raise ConfigError(
+                f"started by {launch.describe()} without MPI: use feedline.torch "
+                "(it builds the world from torch.distributed), pass comm=, or launch with "
+                "mpiexec; feedline will not read the whole dataset on every rank"
+            )
         else:
-            tw = torch_env_world()
-            if tw is not None and tw[1] > 1:
-                raise ConfigError(
-                    f"started by torchrun (WORLD_SIZE={tw[1]}) without MPI: use feedline.torch "
-                    "(it builds the world from torch.distributed), pass comm=, or launch with "
-                    "mpiexec; feedline will not read the whole dataset on every rank"
-                )
             return LoaderWorld(0, 1, 1)
     rank, size = int(comm.Get_rank()), int(comm.Get_size())
     if nodes:
@@ -114,26 +125,12 @@ def resolve_world(comm: Any, nodes: int = 0) -> LoaderWorld:
             rank, size, nodes, emulated=True, comm=comm, dist=_dist(comm, nodes), launcher="mpi"
         )
     dist = _dist(comm, 0)
-    m = int(getattr(dist, "nodes", 0) or 0) if dist is not None else _count_nodes(comm)
+    m = int(dist.nodes)
     return LoaderWorld(rank, size, max(1, min(m, size)), comm=comm, dist=dist, launcher="mpi")
 
 
 def _dist(comm: Any, nodes: int) -> Any:
-    """The dist World, when that layer is available (None otherwise)."""
-    try:
-        from ..dist.world import World
-    except ImportError:
-        return None
+    """The dist World of *comm* (its nodes: emulated, or by shared-memory split)."""
+    from ..dist.world import World
+
     return World.from_comm(comm, nodes=nodes or None, alarm=True)
-
-
-def _count_nodes(comm: Any) -> int:
-    """Nodes of *comm* by shared-memory split (fallback while dist has no World)."""
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        leader = 1 if local.Get_rank() == 0 else 0
-    finally:
-        local.Free()
-    return int(comm.allreduce(leader))

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from feedline.dist.launch import detect
 from feedline_tools.bench import peer_loaders as pl
 
 _FIELDS = ("read_bytes", "syscr")
@@ -110,10 +111,8 @@ class Sampler(threading.Thread):
 
 
 def _rank_size() -> tuple[int, int]:
-    for r, s in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
-        if r in os.environ:
-            return int(os.environ[r]), int(os.environ[s])
-    return 0, 1
+    launch = detect()
+    return launch.rank or 0, launch.size or 1
 
 
 def run_epoch(name: str, ctx: pl.PeerContext, out_dir: str, port: int = 0) -> dict[str, Any]:

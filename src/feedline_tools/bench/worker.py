@@ -23,28 +23,24 @@ import traceback
 from typing import Any
 
 from feedline import defaults
+from feedline.dist.launch import MPI_KINDS, detect, launcher_comm
 from feedline.errors import ConfigError
 from feedline.plan.world import WorldSpec
 from feedline_tools.bench import limit as _limit
 from feedline_tools.bench.digest import DeliveryRecorder, gather_digest
 from feedline_tools.bench.runners import DatasetSpec, RunContext, Source, make_runner
 
-MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
-
 
 def under_mpiexec() -> bool:
-    """True when this process was started by an MPI launcher."""
-    return any(k in os.environ for k in MPI_ENV)
+    """True when this process was started by an MPI launcher or an srun step (any size;
+    feedline.dist.launch decides)."""
+    return detect().kind in (*MPI_KINDS, "slurm")
 
 
 def world_comm() -> Any:
     """COMM_WORLD when started by an MPI launcher with more than one rank, else None."""
-    if not under_mpiexec():
-        return None
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    return comm if comm.Get_size() > 1 else None
+    comm = launcher_comm()
+    return comm if comm is not None and comm.Get_size() > 1 else None
 
 
 def wait_all(comm: Any) -> None:
