@@ -26,14 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from feedline import deepio, open_dataset
+from feedline.dist import launcher_comm
 
 
 def mpi_comm():
-    if not any(v in os.environ for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")):
-        return None
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    """COMM_WORLD when started by mpiexec/srun with several processes, else None (one
+    process): feedline's launcher detection (feedline.dist.launch)."""
+    return launcher_comm()
 
 
 class SmallCNN(nn.Module):

@@ -29,16 +29,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from feedline import FeedlineError, StorageError, open_dataset
+from feedline.dist import launcher_comm, rank_from_env
 from feedline.torch import FeedlineDataset
 
 
 def mpi_comm():
-    """COMM_WORLD when started by mpiexec/srun, else None (one process)."""
-    if not any(v in os.environ for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")):
-        return None
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+    """COMM_WORLD when started by mpiexec/srun with several processes, else None (one
+    process): feedline's launcher detection (feedline.dist.launch)."""
+    return launcher_comm()
 
 
 def init_ddp(comm) -> tuple[int, int]:
@@ -98,7 +96,7 @@ def main() -> None:
         # Let it end the process: feedline's exit hook then ends the job (MPI_Abort when
         # the other ranks wait in a collective this rank no longer joins), see
         # docs/reliability.md. Catching it and returning normally would hang there.
-        rank = int(os.environ.get("PMI_RANK", "0") or 0)
+        rank = rank_from_env()
         print(f"rank {rank}: data error: {e}", file=sys.stderr, flush=True)
         raise
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import threading
 import time
 
@@ -109,13 +108,10 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     a = ap.parse_args()
     from feedline import Loader, open_dataset
+    from feedline.dist import launcher_comm
     from feedline.errors import ConfigError
 
-    comm = MPI = None
-    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
-        from mpi4py import MPI
-
-        comm = MPI.COMM_WORLD
+    comm = launcher_comm()
     ds = open_dataset(a.data, comm=comm)
     len(ds)
     results = {}
