@@ -40,3 +40,20 @@ def test_tools_are_reached_through_the_feedline_command():
     ).stdout
     for cmd in ("bench", "demo", "make", "emulate", "plan", "inspect"):
         assert f"    {cmd} " in out, out
+
+
+def test_mpi_and_launchers_live_in_dist():
+    """Only dist/ imports mpi4py or reads launcher/scheduler variables."""
+    import re
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[1] / "src" / "feedline"
+    pat = re.compile(r"mpi4py|SLURM_|OMPI_|PMI_|PMIX_")
+    hits = [
+        f"{p.relative_to(pkg)}:{i}"
+        for p in pkg.rglob("*.py")
+        if "dist" not in p.relative_to(pkg).parts[:1]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pat.search(line)
+    ]
+    assert hits == []

@@ -93,8 +93,12 @@ def _typed(exc: BaseException, path: str) -> BaseException:
     import errno
     import os
 
-    from ..errors import StorageError
+    from ..errors import DatasetNotFoundError, StorageError
 
+    if isinstance(exc, DatasetNotFoundError):
+        # the file went away after the dataset was opened: a storage failure, as every
+        # other source reports it (docs/reliability.md)
+        return StorageError(exc.path, 0, errno.ENOENT, f"{exc.path} @ byte 0: {exc.reason}")
     if isinstance(exc, FeedlineError):
         return exc
     err = getattr(exc, "errno", None)
