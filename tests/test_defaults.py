@@ -51,7 +51,7 @@ def test_bad_values_are_config_errors_naming_the_knob(knob, value):
 
 
 def test_unknown_knob_lists_the_known_ones():
-    with pytest.raises(ConfigError, match="known:.*io_threads"):
+    with pytest.raises(ConfigError, match=r"known:.*io_threads"):
         defaults.get("io_thread")
     with pytest.raises(ConfigError, match="unknown"):
         defaults.set(io_thread=2)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One registration function per binding file; module.cpp calls them all.
 #pragma once
 #include <nanobind/nanobind.h>

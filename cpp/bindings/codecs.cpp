@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bindings of codecs.hpp: CRC32C, the TFRecord scanner and the Datum parser/decoder.
 // Arguments are converted (and their sizes checked, so C++ never writes out of bounds),
 // the GIL is released around the native call, results are converted back.
@@ -44,13 +45,15 @@ nb::tuple scan(const std::string& path, std::size_t buffer_bytes, bool verify_da
                         bytes_read);
 }
 
-Fault decode_batch(Bytes raw, I64In lengths, U8Out2 out, I64Out labels, U8Out1 encoded,
-                   I64Out encoded_offsets, I64Out encoded_lengths, std::int64_t channels,
-                   std::int64_t height, std::int64_t width, bool floats) {
+Fault decode_batch(const Bytes& raw, const I64In& lengths, const U8Out2& out, const I64Out& labels,
+                   const U8Out1& encoded, const I64Out& encoded_offsets,
+                   const I64Out& encoded_lengths, std::int64_t channels, std::int64_t height,
+                   std::int64_t width, bool floats) {
   const std::size_t count = lengths.shape(0);
   if (labels.shape(0) != count || encoded.shape(0) != count || encoded_offsets.shape(0) != count ||
       encoded_lengths.shape(0) != count || out.shape(0) != count)
-    throw std::invalid_argument("decode_datum_batch: every per-sample array needs one row per record");
+    throw std::invalid_argument(
+        "decode_datum_batch: every per-sample array needs one row per record");
   if (channels < 0 || height < 0 || width < 0)
     throw std::invalid_argument("decode_datum_batch: negative shape");
   const auto row = static_cast<std::size_t>(channels * height * width) * (floats ? 4u : 1u);
@@ -80,13 +83,12 @@ Fault decode_batch(Bytes raw, I64In lengths, U8Out2 out, I64Out labels, U8Out1 e
 void register_codecs(nb::module_& m) {
   m.def(
       "crc32c",
-      [](Bytes data, std::uint32_t crc) { return crc32c(data.data(), data.shape(0), crc); },
+      [](const Bytes& data, std::uint32_t crc) { return crc32c(data.data(), data.shape(0), crc); },
       nb::arg("data"), nb::arg("crc") = 0, nb::call_guard<ReleaseGil>(),
       "CRC32C (Castagnoli) of a uint8 buffer, extending *crc*.");
   m.def(
-      "masked_crc32c", [](Bytes data) { return masked_crc32c(data.data(), data.shape(0)); },
-      nb::arg("data"), nb::call_guard<ReleaseGil>(),
-      "TFRecord's masked CRC32C of a uint8 buffer.");
+      "masked_crc32c", [](const Bytes& data) { return masked_crc32c(data.data(), data.shape(0)); },
+      nb::arg("data"), nb::call_guard<ReleaseGil>(), "TFRecord's masked CRC32C of a uint8 buffer.");
   m.def("mask_crc32c", &mask_crc32c, nb::arg("crc"), "Mask a CRC the way TFRecord does.");
   m.def("crc32c_hardware", &detail::crc32c_hardware, "True when CRC32C uses SSE4.2.");
   m.def("scan_tfrecord", &scan, nb::arg("path"), nb::arg("buffer_bytes") = std::size_t{8} << 20,
@@ -104,7 +106,9 @@ void register_codecs(nb::module_& m) {
       .def_ro("float_count", &DatumInfo::float_count);
   m.def(
       "parse_datum",
-      [](Bytes rec, const std::string& name) { return parse_datum(rec.data(), rec.shape(0), name); },
+      [](const Bytes& rec, const std::string& name) {
+        return parse_datum(rec.data(), rec.shape(0), name);
+      },
       nb::arg("record"), nb::arg("name") = "<record>", nb::call_guard<ReleaseGil>(),
       "Parse and validate one Caffe Datum; raises CorruptDataError(name, offset, reason).");
   m.def("decode_datum_batch", &decode_batch, nb::arg("raw"), nb::arg("lengths"), nb::arg("out"),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Translate native exceptions into feedline's Python exception classes. The classes live
 // in feedline.errors and are looked up when an error happens, so the module imports
 // without the package (stub generation imports it bare).

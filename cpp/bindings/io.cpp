@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // feedline._core I/O engine: _IOEngine, _IOFuture, _IOStats, evict_page_cache,
 // resident_bytes. Arguments become C++ types, the GIL is released, C++ does the rest.
 #include <feedline/io_engine.hpp>
@@ -78,9 +79,9 @@ void register_io(nb::module_& m) {
   nb::class_<IoEngine>(m, "_IOEngine", "Native pool of I/O threads (see feedline.io.IOEngine).")
       .def(
           "__init__",
-          [](IoEngine* self, std::vector<std::string> paths, unsigned threads, const std::string& method,
-             std::size_t chunk_bytes, std::size_t alignment, unsigned max_retries,
-             std::int64_t retry_backoff_us) {
+          [](IoEngine* self, std::vector<std::string> paths, unsigned threads,
+             const std::string& method, std::size_t chunk_bytes, std::size_t alignment,
+             unsigned max_retries, std::int64_t retry_backoff_us) {
             IoOptions o;
             o.threads = threads;
             o.method = parse_io_method(method);
@@ -104,15 +105,19 @@ void register_io(nb::module_& m) {
           "submit_raw",
           [](IoEngine& e, const Ids& f, const I64& o, const I64& l, std::uintptr_t address,
              std::size_t size, const std::optional<I64>& dest) {
+            // The address of a caller's buffer (ctypes/torch data_ptr) is an integer by API.
+            // NOLINTNEXTLINE(performance-no-int-to-ptr)
             return submit(e, f, o, l, reinterpret_cast<void*>(address), size, dest);
           },
           nb::arg("file_ids"), nb::arg("offsets"), nb::arg("lengths"), nb::arg("address"),
           nb::arg("size"), nb::arg("dest_offsets").none(), Release())
       .def("stats", &IoEngine::stats)
-      .def("file_mode", [](const IoEngine& e, std::int32_t i) { return std::string(to_string(e.file_mode(i))); })
+      .def("file_mode",
+           [](const IoEngine& e, std::int32_t i) { return std::string(to_string(e.file_mode(i))); })
       .def("path", &IoEngine::path)
       .def_prop_ro("num_files", &IoEngine::num_files)
-      .def_prop_ro("method", [](const IoEngine& e) { return std::string(to_string(e.options().method)); })
+      .def_prop_ro("method",
+                   [](const IoEngine& e) { return std::string(to_string(e.options().method)); })
       .def_prop_ro("threads", [](const IoEngine& e) { return e.options().threads; })
       .def_prop_ro("chunk_bytes", [](const IoEngine& e) { return e.options().chunk_bytes; })
       .def_prop_ro("closed", &IoEngine::closed)

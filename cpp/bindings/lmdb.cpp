@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bindings of feedline/lmdb.hpp: convert arguments, release the GIL, call C++.
 // Index columns are exposed as numpy views that keep their _LmdbIndex alive.
 #include <nanobind/ndarray.h>
@@ -55,14 +56,18 @@ void register_lmdb(nb::module_& m) {
       .def_ro("read_ops", &L::IndexStats::read_ops);
 
   nb::class_<L::Index>(m, "_LmdbIndex")
-      .def_prop_ro("offsets", [](const L::Index& s) { return view(s.offsets); },
-                   nb::rv_policy::reference_internal)
-      .def_prop_ro("lengths", [](const L::Index& s) { return view(s.lengths); },
-                   nb::rv_policy::reference_internal)
-      .def_prop_ro("key_blob", [](const L::Index& s) { return view(s.key_blob); },
-                   nb::rv_policy::reference_internal)
-      .def_prop_ro("key_starts", [](const L::Index& s) { return view(s.key_starts); },
-                   nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "offsets", [](const L::Index& s) { return view(s.offsets); },
+          nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "lengths", [](const L::Index& s) { return view(s.lengths); },
+          nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "key_blob", [](const L::Index& s) { return view(s.key_blob); },
+          nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "key_starts", [](const L::Index& s) { return view(s.key_starts); },
+          nb::rv_policy::reference_internal)
       .def_ro("stats", &L::Index::stats);
 
   m.def("lmdb_index", &L::index_lmdb, "path"_a, "options"_a, guard(),
@@ -121,7 +126,8 @@ void register_lmdb(nb::module_& m) {
       .def_ro("pages_touched", &L::SeekResult::pages_touched)
       .def_ro("value_offset", &L::SeekResult::value_offset)
       .def_ro("value_length", &L::SeekResult::value_length)
-      .def_prop_ro("key", [](const L::SeekResult& s) { return nb::bytes(s.key.data(), s.key.size()); });
+      .def_prop_ro("key",
+                   [](const L::SeekResult& s) { return nb::bytes(s.key.data(), s.key.size()); });
 
   nb::class_<L::LmdbFile>(m, "_LmdbFile")
       .def(nb::init<const std::string&>(), "path"_a, guard())

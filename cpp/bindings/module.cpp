@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "bindings.hpp"
 
 #include <unistd.h>
@@ -21,11 +22,12 @@ bool finalizing() noexcept {
 }  // namespace
 
 void note_main_thread() {
-  unsigned long ident = PyThread_get_thread_ident();
+  unsigned long ident = 0;
   try {
     ident = nanobind::cast<unsigned long>(
         nanobind::module_::import_("threading").attr("main_thread")().attr("ident"));
-  } catch (...) {  // keep the importing thread's ident
+  } catch (...) {  // the importing thread's ident
+    ident = PyThread_get_thread_ident();
   }
   g_main_thread.store(ident, std::memory_order_relaxed);
 }
@@ -37,7 +39,8 @@ void note_main_thread() {
 void reacquire_gil(PyThreadState* state) noexcept {
   // The main thread is the one that finalizes: it must always get the GIL back (it may
   // close an engine from a finalizer). Any other thread would be killed by take_gil().
-  if (finalizing() && PyThread_get_thread_ident() != g_main_thread.load(std::memory_order_relaxed)) {
+  if (finalizing() &&
+      PyThread_get_thread_ident() != g_main_thread.load(std::memory_order_relaxed)) {
     park();
   }
 #if defined(__GLIBCXX__)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bindings of unpack.hpp: HDF5 chunk unfiltering and gzip TFRecord segments, batch-wise.
 // Every array size is checked here so the native code never reads or writes out of
 // bounds; the GIL is released around the native work.
@@ -50,8 +51,9 @@ void check_spans(std::size_t raw_size, const I64In& starts, const I64In& sizes,
   }
 }
 
-Fault unfilter(Bytes raw, I64In starts, I64In sizes, I64In masks, I64In filters,
-               std::size_t itemsize, U8Out out, I64In out_starts, I64In out_sizes) {
+Fault unfilter(const Bytes& raw, const I64In& starts, const I64In& sizes, const I64In& masks,
+               const I64In& filters, std::size_t itemsize, const U8Out& out,
+               const I64In& out_starts, const I64In& out_sizes) {
   check_spans(raw.shape(0), starts, sizes, out.shape(0), out_starts, out_sizes);
   if (masks.shape(0) != starts.shape(0))
     throw std::invalid_argument("unfilter_chunks: one mask per chunk");
@@ -64,17 +66,18 @@ Fault unfilter(Bytes raw, I64In starts, I64In sizes, I64In masks, I64In filters,
   ReleaseGil release;
   std::vector<std::uint8_t> scratch;
   for (std::size_t i = 0; i < starts.shape(0); ++i) {
-    auto err = unfilter_chunk(raw.data() + starts.data()[i], static_cast<std::size_t>(sizes.data()[i]),
-                              fl.data(), fl.size(), static_cast<std::uint32_t>(masks.data()[i]),
-                              itemsize, out.data() + out_starts.data()[i],
-                              static_cast<std::size_t>(out_sizes.data()[i]), scratch);
+    auto err = unfilter_chunk(
+        raw.data() + starts.data()[i], static_cast<std::size_t>(sizes.data()[i]), fl.data(),
+        fl.size(), static_cast<std::uint32_t>(masks.data()[i]), itemsize,
+        out.data() + out_starts.data()[i], static_cast<std::size_t>(out_sizes.data()[i]), scratch);
     if (err) return std::make_tuple(static_cast<std::int64_t>(i), *err);
   }
   return std::nullopt;
 }
 
-Fault inflate(Bytes raw, I64In starts, I64In sizes, I64In bits, I64In window_ids, Bytes2 windows,
-              U8Out out, I64In out_starts, I64In out_sizes) {
+Fault inflate(const Bytes& raw, const I64In& starts, const I64In& sizes, const I64In& bits,
+              const I64In& window_ids, const Bytes2& windows, const U8Out& out,
+              const I64In& out_starts, const I64In& out_sizes) {
   check_spans(raw.shape(0), starts, sizes, out.shape(0), out_starts, out_sizes);
   const std::size_t n = starts.shape(0);
   if (bits.shape(0) != n || window_ids.shape(0) != n)
@@ -89,11 +92,12 @@ Fault inflate(Bytes raw, I64In starts, I64In sizes, I64In bits, I64In window_ids
   ReleaseGil release;
   for (std::size_t i = 0; i < n; ++i) {
     const std::int64_t w = window_ids.data()[i];
-    const std::uint8_t* win = w >= 0 ? windows.data() + static_cast<std::size_t>(w) * kGzipWindow : nullptr;
-    auto err = inflate_segment(raw.data() + starts.data()[i], static_cast<std::size_t>(sizes.data()[i]),
-                               static_cast<int>(bits.data()[i]), win,
-                               out.data() + out_starts.data()[i],
-                               static_cast<std::size_t>(out_sizes.data()[i]));
+    const std::uint8_t* win =
+        w >= 0 ? windows.data() + static_cast<std::size_t>(w) * kGzipWindow : nullptr;
+    auto err =
+        inflate_segment(raw.data() + starts.data()[i], static_cast<std::size_t>(sizes.data()[i]),
+                        static_cast<int>(bits.data()[i]), win, out.data() + out_starts.data()[i],
+                        static_cast<std::size_t>(out_sizes.data()[i]));
     if (err) return std::make_tuple(static_cast<std::int64_t>(i), *err);
   }
   return std::nullopt;
@@ -137,12 +141,13 @@ void register_unpack(nb::module_& m) {
         nb::arg("bits"), nb::arg("window_ids"), nb::arg("windows"), nb::arg("out"),
         nb::arg("out_starts"), nb::arg("out_sizes"),
         "Inflate gzip segments from their restart points; None or (segment, reason).");
-  m.def("scan_gzip_tfrecord", &scan_gzip, nb::arg("path"), nb::arg("spacing") = std::size_t{1} << 20,
-        nb::arg("buffer_bytes") = std::size_t{8} << 20, nb::arg("verify_data") = true,
+  m.def("scan_gzip_tfrecord", &scan_gzip, nb::arg("path"),
+        nb::arg("spacing") = std::size_t{1} << 20, nb::arg("buffer_bytes") = std::size_t{8} << 20,
+        nb::arg("verify_data") = true,
         "Scan a gzip TFRecord file: records (segment, at, length) and restart points.");
   m.def(
       "check_tfrecord_crcs",
-      [](Bytes buf, I64In src, I64In size) {
+      [](const Bytes& buf, const I64In& src, const I64In& size) {
         if (src.shape(0) != size.shape(0))
           throw std::invalid_argument("check_tfrecord_crcs: src and size differ in length");
         return check_tfrecord_crcs(buf.data(), buf.shape(0), src.data(), size.data(), src.shape(0));

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Accounting: a ring buffer keeps the last N requests so memory stays bounded on long
 // runs, while per-node totals count every request since the last reset.
 #include "accounting.hpp"
@@ -29,10 +30,8 @@ void Accounting::record(const RequestRecord& r) {
   std::lock_guard lock(mu_);
   per_node_[r.node].add(r);
   if (capacity_ > 0) {
-    if (ring_.size() < capacity_)
-      ring_.push_back(r);
-    else
-      ring_[seen_ % capacity_] = r;
+    if (ring_.size() < capacity_) ring_.push_back(r);
+    else ring_[seen_ % capacity_] = r;
   }
   ++seen_;
 }
@@ -81,8 +80,8 @@ std::string totals_object(const Totals& t, int node) {
                 "\"direct_requests\": %llu, \"modelled_s\": %.9f, \"service_s\": %.9f, "
                 "\"overrun_s\": %.9f, \"max_overrun_s\": %.9f, \"underpaid\": %llu}",
                 node >= 0 ? ("\"node\": " + std::to_string(node) + ", ").c_str() : "",
-                static_cast<unsigned long long>(t.requests), static_cast<unsigned long long>(t.bytes),
-                static_cast<unsigned long long>(t.seeks),
+                static_cast<unsigned long long>(t.requests),
+                static_cast<unsigned long long>(t.bytes), static_cast<unsigned long long>(t.seeks),
                 static_cast<unsigned long long>(t.direct_requests), t.modelled_s, t.service_s,
                 t.overrun_s, t.requests ? t.max_overrun_s : 0.0,
                 static_cast<unsigned long long>(t.underpaid));
@@ -131,8 +130,9 @@ std::string Accounting::requests_jsonl() const {
   }
   // Completion order is not arrival order (a worker may be preempted between its reply
   // and its record); the log reads in arrival order.
-  std::stable_sort(recs.begin(), recs.end(),
-                   [](const RequestRecord& a, const RequestRecord& b) { return a.arrival < b.arrival; });
+  std::stable_sort(recs.begin(), recs.end(), [](const RequestRecord& a, const RequestRecord& b) {
+    return a.arrival < b.arrival;
+  });
   std::vector<std::string> names;
   {
     std::lock_guard lock(files_mu_);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The emulator's own accounting: totals per node (always complete) and a bounded log of
 // the most recent requests, both rendered as JSON for the control files. Private to the
 // emulator executable.
@@ -13,15 +14,15 @@ namespace feedline::emulator {
 
 /// One served read.
 struct RequestRecord {
-  double arrival = 0;     ///< seconds on the emulator clock when the daemon got it
-  double modelled = 0;    ///< modelled cost (deadline - arrival)
-  double service = 0;     ///< actual arrival -> reply time
+  double arrival = 0;   ///< seconds on the emulator clock when the daemon got it
+  double modelled = 0;  ///< modelled cost (deadline - arrival)
+  double service = 0;   ///< actual arrival -> reply time
   std::uint64_t offset = 0;
   std::uint32_t size = 0;  ///< bytes returned
   std::uint32_t file = 0;  ///< interned path id
   std::uint16_t node = 0;
   std::uint16_t seeks = 0;
-  bool direct = false;     ///< from an O_DIRECT open
+  bool direct = false;  ///< from an O_DIRECT open
 };
 
 /// Sums over requests.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FUSE low-level operations of the emulator.
 //
 // Reads are served by pread from the source into a per-thread buffer, then the worker
@@ -15,15 +16,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <iterator>
-#include <mutex>
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -112,8 +113,7 @@ std::string join(const std::string& dir, const char* name) {
 const char* rel_or_dot(const std::string& rel) { return rel.empty() ? "." : rel.c_str(); }
 
 bool is_node_root(const Filesystem& fs, fuse_ino_t ino) {
-  return ino >= kFirstNodeIno &&
-         ino < kFirstNodeIno + static_cast<fuse_ino_t>(fs.options().nodes);
+  return ino >= kFirstNodeIno && ino < kFirstNodeIno + static_cast<fuse_ino_t>(fs.options().nodes);
 }
 
 bool is_text(fuse_ino_t ino) { return ino == kStatsIno || ino == kRequestsIno; }
@@ -283,8 +283,8 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   h->entries.push_back({"..", kRootIno, S_IFDIR});
   if (ino == kRootIno) {
     for (int i = 0; i < fs.options().nodes; ++i)
-      h->entries.push_back({"node" + std::to_string(i), kFirstNodeIno + static_cast<fuse_ino_t>(i),
-                            S_IFDIR});
+      h->entries.push_back(
+          {"node" + std::to_string(i), kFirstNodeIno + static_cast<fuse_ino_t>(i), S_IFDIR});
     h->entries.push_back({kStatsName, kStatsIno, S_IFREG});
     h->entries.push_back({kRequestsName, kRequestsIno, S_IFREG});
     h->entries.push_back({kControlName, kControlIno, S_IFREG});
@@ -309,8 +309,8 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     while (dirent* de = readdir(d)) {
       if (std::strcmp(de->d_name, ".") == 0 || std::strcmp(de->d_name, "..") == 0) continue;
       // d_ino only has to be non-zero (some libcs skip 0); lookup assigns the real one.
-      h->entries.push_back({de->d_name, de->d_ino ? de->d_ino : 1,
-                            static_cast<mode_t>(DTTOIF(de->d_type))});
+      h->entries.push_back(
+          {de->d_name, de->d_ino ? de->d_ino : 1, static_cast<mode_t>(DTTOIF(de->d_type))});
     }
     closedir(d);
   }
@@ -322,13 +322,14 @@ void op_readdir(fuse_req_t req, fuse_ino_t, std::size_t size, off_t off, fuse_fi
   auto* h = reinterpret_cast<DirHandle*>(fi->fh);
   std::vector<char> buf(size);
   std::size_t pos = 0;
-  for (std::size_t i = static_cast<std::size_t>(std::max<off_t>(off, 0)); i < h->entries.size(); ++i) {
-    struct stat st{};
+  for (std::size_t i = static_cast<std::size_t>(std::max<off_t>(off, 0)); i < h->entries.size();
+       ++i) {
+    struct stat st {};
     st.st_ino = h->entries[i].ino;
     st.st_mode = h->entries[i].type;
-    const std::size_t n = fuse_add_direntry(req, buf.data() + pos, size - pos,
-                                            h->entries[i].name.c_str(), &st,
-                                            static_cast<off_t>(i + 1));
+    const std::size_t n =
+        fuse_add_direntry(req, buf.data() + pos, size - pos, h->entries[i].name.c_str(), &st,
+                          static_cast<off_t>(i + 1));
     if (n > size - pos) break;
     pos += n;
   }
@@ -460,8 +461,8 @@ void op_read(fuse_req_t req, fuse_ino_t ino, std::size_t size, off_t off, fuse_f
   // The kernel path to and from the reader is part of the modelled latency: reply that
   // much earlier too, and count it in the service time (what the client sees).
   const double path = fs.path(size);
-  sleep_until(fs.to_timespec(charge.deadline - path -
-                             fs.copy_cost.predict(static_cast<std::size_t>(n))));
+  sleep_until(
+      fs.to_timespec(charge.deadline - path - fs.copy_cost.predict(static_cast<std::size_t>(n))));
   const double released = fs.now();
   fs.replying.fetch_add(1);
   fuse_reply_buf(req, buf, static_cast<std::size_t>(n));
@@ -514,10 +515,14 @@ void op_access(fuse_req_t req, fuse_ino_t ino, int mask) {
   fuse_reply_err(req, (mask & W_OK) && ino != kControlIno ? EROFS : 0);
 }
 
-void erofs_entry(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { fuse_reply_err(req, EROFS); }
+void erofs_entry(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) {
+  fuse_reply_err(req, EROFS);
+}
 void erofs_mkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { fuse_reply_err(req, EROFS); }
 void erofs_name(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
-void erofs_symlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
+void erofs_symlink(fuse_req_t req, const char*, fuse_ino_t, const char*) {
+  fuse_reply_err(req, EROFS);
+}
 void erofs_rename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) {
   fuse_reply_err(req, EROFS);
 }
@@ -605,10 +610,8 @@ double CopyCost::predict(std::size_t bytes) const {
 // ---- Filesystem -------------------------------------------------------------------
 
 Filesystem::Filesystem(Options opts)
-    : model(opts.model, opts.nodes),
-      accounting(opts.nodes, opts.log_requests),
-      opts_(std::move(opts)),
-      next_ino_(kFirstNodeIno + static_cast<fuse_ino_t>(opts_.nodes)) {
+    : model(opts.model, opts.nodes), accounting(opts.nodes, opts.log_requests),
+      opts_(std::move(opts)), next_ino_(kFirstNodeIno + static_cast<fuse_ino_t>(opts_.nodes)) {
   src_fd_ = open(opts_.src.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (src_fd_ < 0)
     throw std::runtime_error("cannot open source directory " + opts_.src + ": " +
@@ -628,7 +631,8 @@ const fuse_lowlevel_ops& Filesystem::operations() {
 double Filesystem::now() const {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<double>(t.tv_sec - t0_.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec - t0_.tv_nsec);
+  return static_cast<double>(t.tv_sec - t0_.tv_sec) +
+         1e-9 * static_cast<double>(t.tv_nsec - t0_.tv_nsec);
 }
 
 timespec Filesystem::to_timespec(double t) const {
@@ -801,17 +805,17 @@ std::string Filesystem::stats_json() {
                 p.server_concurrency, static_cast<unsigned long long>(p.burst_bytes / 1024),
                 opts_.readahead_kib, opts_.max_request_kib, opts_.log_requests, opts_.max_threads,
                 opts_.path_us);
-  std::string out = "{\"version\": 1, \"pid\": " + std::to_string(getpid()) +
-                    ", \"src\": " + json_string(opts_.src) +
-                    ", \"mountpoint\": " + json_string(opts_.mountpoint) +
-                    ", \"nodes\": " + std::to_string(opts_.nodes) +
-                    ", \"uptime_s\": " + std::to_string(now()) +
-                    ", \"effective_readahead_kib\": " + std::to_string(effective_readahead_kib_) +
-                    ", \"reply_copy_us_per_mib\": " + std::to_string(copy_cost.predict(1u << 20) * 1e6) +
-                    ", \"path_us\": " + std::to_string(path(0) * 1e6) +
-                    ", \"path_us_per_mib\": " + std::to_string((path(1u << 20) - path(0)) * 1e6) +
-                    ", \"faults_fired\": " + std::to_string(faults_fired()) +
-                    ", \"params\": " + params + ", " + accounting.totals_json() + "}\n";
+  std::string out =
+      "{\"version\": 1, \"pid\": " + std::to_string(getpid()) +
+      ", \"src\": " + json_string(opts_.src) +
+      ", \"mountpoint\": " + json_string(opts_.mountpoint) +
+      ", \"nodes\": " + std::to_string(opts_.nodes) + ", \"uptime_s\": " + std::to_string(now()) +
+      ", \"effective_readahead_kib\": " + std::to_string(effective_readahead_kib_) +
+      ", \"reply_copy_us_per_mib\": " + std::to_string(copy_cost.predict(1u << 20) * 1e6) +
+      ", \"path_us\": " + std::to_string(path(0) * 1e6) +
+      ", \"path_us_per_mib\": " + std::to_string((path(1u << 20) - path(0)) * 1e6) +
+      ", \"faults_fired\": " + std::to_string(faults_fired()) + ", \"params\": " + params + ", " +
+      accounting.totals_json() + "}\n";
   return out;
 }
 

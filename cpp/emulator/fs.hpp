@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The emulator's file system: one FUSE mount whose root lists node0 ... node{M-1}, each a
 // read-only view of the source directory with its own inode numbers (so the kernel keeps
 // a separate page cache per emulated node), plus three control files. Private to the
@@ -62,9 +63,9 @@ struct Fault {
 
 /// What a read must do.
 struct FaultAction {
-  int err = 0;          ///< reply this errno instead of data
+  int err = 0;           ///< reply this errno instead of data
   bool shorten = false;  ///< return half of the bytes
-  double stall_s = 0;   ///< wait this long first
+  double stall_s = 0;    ///< wait this long first
 };
 
 /// Everything the command line sets.
@@ -117,9 +118,9 @@ class Filesystem {
 
   // Called by the operation callbacks (fs.cpp); public only for that reason.
   struct Inode {
-    int node = -1;          // -1 for the root and control files
-    std::string rel;        // path relative to the source ("" = its root)
-    ino_t src_ino = 0;      // the source file's inode when looked up
+    int node = -1;      // -1 for the root and control files
+    std::string rel;    // path relative to the source ("" = its root)
+    ino_t src_ino = 0;  // the source file's inode when looked up
     std::uint64_t nlookup = 0;
   };
   /// Seconds since start on CLOCK_MONOTONIC (the model's clock).

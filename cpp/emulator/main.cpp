@@ -1,10 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // feedline-fuse: the storage emulator daemon. Mounts MNT with node0 ... node{M-1} as
 // views of SRC whose reads cost what the modelled parallel file system would charge.
 // Runs in the foreground; prints "ready PID" on stdout once the mount serves requests;
 // unmounts on SIGINT/SIGTERM/SIGHUP or when unmounted from outside.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <time.h>
@@ -14,11 +15,11 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,7 +52,8 @@ const char* kUsage =
     "  --max-request-kib N      largest read request, <= 1024 (1024)\n"
     "  --log-requests N         requests kept in the log, 0 = totals only (65536)\n"
     "  --max-threads N          FUSE worker threads (128)\n"
-    "  --path-us X              kernel path reader<->daemon inside the latency, < 0 = measure (-1)\n"
+    "  --path-us X              kernel path reader<->daemon inside the latency, < 0 = measure "
+    "(-1)\n"
     "  --exit-with-parent       unmount and exit when the parent process ends\n"
     "  --debug                  libfuse debug output on stderr\n"
     "  -o OPT                   extra FUSE mount option\n";
@@ -75,7 +77,8 @@ long long parse_int(const std::string& name, const std::string& v, long long lo,
   const long long x = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || errno != 0) usage_error("--" + name + ": not an integer: " + v);
   if (x < lo || x > hi)
-    usage_error("--" + name + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    usage_error("--" + name + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                "]");
   return x;
 }
 
@@ -127,7 +130,8 @@ Parsed parse(int argc, char** argv) {
     else if (name == "aggregate-mbps") m.aggregate_mbps = parse_double(name, value);
     else if (name == "server-mbps") m.server_mbps = parse_double(name, value);
     else if (name == "servers") m.servers = static_cast<int>(parse_int(name, value, 1, 4096));
-    else if (name == "stripe-count") m.stripe_count = static_cast<int>(parse_int(name, value, 0, 4096));
+    else if (name == "stripe-count")
+      m.stripe_count = static_cast<int>(parse_int(name, value, 0, 4096));
     else if (name == "stripe-kib")
       m.stripe_bytes = static_cast<std::uint64_t>(parse_int(name, value, 4, 1 << 20)) * 1024;
     else if (name == "seek-us") m.seek_us = parse_double(name, value);
@@ -141,7 +145,8 @@ Parsed parse(int argc, char** argv) {
       o.max_request_kib = static_cast<std::uint32_t>(parse_int(name, value, 4, 1024));
     else if (name == "log-requests")
       o.log_requests = static_cast<std::size_t>(parse_int(name, value, 0, 1LL << 26));
-    else if (name == "max-threads") o.max_threads = static_cast<int>(parse_int(name, value, 2, 4096));
+    else if (name == "max-threads")
+      o.max_threads = static_cast<int>(parse_int(name, value, 2, 4096));
     else if (name == "path-us") o.path_us = parse_double(name, value);
     else usage_error("unknown option --" + name);
   }
@@ -194,9 +199,11 @@ int configure_readahead(const std::string& mountpoint, std::uint32_t want_kib) {
     if (FILE* f = std::fopen(path, "w")) {
       std::fprintf(f, "%u\n", want_kib);
       if (std::fclose(f) != 0)
-        std::fprintf(stderr, "feedline-fuse: warning: cannot set %s: %s\n", path, std::strerror(errno));
+        std::fprintf(stderr, "feedline-fuse: warning: cannot set %s: %s\n", path,
+                     std::strerror(errno));
     } else {
-      std::fprintf(stderr, "feedline-fuse: warning: cannot set %s: %s\n", path, std::strerror(errno));
+      std::fprintf(stderr, "feedline-fuse: warning: cannot set %s: %s\n", path,
+                   std::strerror(errno));
     }
   }
   int kib = -1;
@@ -243,8 +250,8 @@ int main(int argc, char** argv) {
   for (auto& a : args) cargs.push_back(a.data());
   fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(cargs.size()), cargs.data());
 
-  fuse_session* se = fuse_session_new(&fargs, &fe::Filesystem::operations(),
-                                      sizeof(fuse_lowlevel_ops), fs.get());
+  fuse_session* se =
+      fuse_session_new(&fargs, &fe::Filesystem::operations(), sizeof(fuse_lowlevel_ops), fs.get());
   fuse_opt_free_args(&fargs);  // the session keeps what it needs
   if (!se) {
     std::fprintf(stderr, "feedline-fuse: cannot create the FUSE session\n");

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cost model: completion = arrival + latency + the slowest of (server chunks, node link,
 // aggregate link), all reserved from the arrival time. The stages overlap because a
 // parallel file system pipelines them (servers stream while the network carries); a
@@ -43,7 +44,8 @@ Charge Model::charge(int node, std::uint32_t file, std::uint64_t file_hash, std:
   const double seek = p_.seek_us * 1e-6;
   const double server_rate = p_.server_mbps * 1e6;
   const std::uint64_t stripe = p_.stripe_bytes;
-  const auto first_server = static_cast<std::uint64_t>(file_hash % static_cast<std::uint64_t>(p_.servers));
+  const auto first_server =
+      static_cast<std::uint64_t>(file_hash % static_cast<std::uint64_t>(p_.servers));
   const auto count = static_cast<std::uint64_t>(stripe_count_);
 
   std::lock_guard lock(mu_);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The storage cost model of the FUSE emulator: a small parallel file system (striped
 // servers with bounded concurrency and seek penalties, behind per-node and aggregate
 // links) reduced to a deadline per request. Pure bookkeeping on a virtual clock; the
@@ -15,24 +16,24 @@ namespace feedline::emulator {
 /// Parameters of the modelled storage. Defaults resemble the papers' GPFS/Lustre
 /// setups scaled to one machine; docs/emulator.md explains each.
 struct ModelParams {
-  double latency_us = 300.0;        ///< fixed cost per request (RPC round trip + server)
-  double node_mbps = 1000.0;        ///< client link of each node (1 MB = 1e6 bytes)
-  double aggregate_mbps = 2000.0;   ///< shared backbone of all nodes
-  double server_mbps = 800.0;       ///< media bandwidth of each storage server
-  int servers = 4;                  ///< storage servers (OSTs / NSD servers)
-  int stripe_count = 0;             ///< servers a file is striped over (0 = all)
+  double latency_us = 300.0;              ///< fixed cost per request (RPC round trip + server)
+  double node_mbps = 1000.0;              ///< client link of each node (1 MB = 1e6 bytes)
+  double aggregate_mbps = 2000.0;         ///< shared backbone of all nodes
+  double server_mbps = 800.0;             ///< media bandwidth of each storage server
+  int servers = 4;                        ///< storage servers (OSTs / NSD servers)
+  int stripe_count = 0;                   ///< servers a file is striped over (0 = all)
   std::uint64_t stripe_bytes = 1u << 20;  ///< stripe size
-  double seek_us = 1000.0;          ///< paid per chunk that does not continue the previous one
-  int server_concurrency = 4;       ///< requests a server serves at once; the rest queue
-  std::uint64_t burst_bytes = 0;    ///< token-bucket depth of the node and aggregate links
+  double seek_us = 1000.0;        ///< paid per chunk that does not continue the previous one
+  int server_concurrency = 4;     ///< requests a server serves at once; the rest queue
+  std::uint64_t burst_bytes = 0;  ///< token-bucket depth of the node and aggregate links
 };
 
 /// What one request costs in the model.
 struct Charge {
-  double deadline = 0;      ///< modelled completion, seconds on the emulator clock
-  double cost = 0;          ///< deadline - arrival
-  std::uint32_t chunks = 0; ///< stripe chunks the request touched
-  std::uint32_t seeks = 0;  ///< chunks that paid the seek penalty
+  double deadline = 0;       ///< modelled completion, seconds on the emulator clock
+  double cost = 0;           ///< deadline - arrival
+  std::uint32_t chunks = 0;  ///< stripe chunks the request touched
+  std::uint32_t seeks = 0;   ///< chunks that paid the seek penalty
 };
 
 /// Token bucket on a virtual clock (GCRA form): a transfer of b bytes that arrives at
@@ -72,8 +73,8 @@ class Model {
     std::uint64_t lo = 0, hi = 0;
   };
   struct Server {
-    std::vector<double> slot_free;                     // per concurrent slot
-    std::unordered_map<std::uint32_t, Range> stream;   // last chunk per file, object space
+    std::vector<double> slot_free;                    // per concurrent slot
+    std::unordered_map<std::uint32_t, Range> stream;  // last chunk per file, object space
   };
 
   ModelParams p_;

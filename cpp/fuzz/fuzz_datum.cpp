@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the Caffe Datum protobuf parser and the batch decoder. The first two
 // bytes choose the expected shape; the rest is split into up to four records.
 #include <cstddef>
@@ -49,8 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto fault = feedline::decode_datum_batch(data, size, lengths.data(), count, spec);
     if (!fault && payload == 0) {
       for (std::size_t i = 0; i < count; ++i)
-        if (enc[i] && (eoff[i] < 0 || elen[i] < 0 ||
-                       static_cast<std::size_t>(eoff[i] + elen[i]) > size))
+        if (enc[i] &&
+            (eoff[i] < 0 || elen[i] < 0 || static_cast<std::size_t>(eoff[i] + elen[i]) > size))
           __builtin_trap();
     }
   }

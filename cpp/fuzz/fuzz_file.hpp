@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the fuzz targets whose parser reads a file by path: the input is written to
 // an anonymous memory file (memfd) that the parser opens as /proc/self/fd/N.
 #pragma once

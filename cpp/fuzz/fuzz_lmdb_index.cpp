@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the breadth-first LMDB indexer (meta pages, branch/leaf pages, node
 // pointers, overflow runs, the free-page tree) on arbitrary file contents. Any input must
 // either index or raise a typed error; ASan/UBSan report everything else.
@@ -28,8 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             static_cast<std::uint64_t>(idx.offsets[i] + idx.lengths[i]) > size)
           __builtin_trap();
       }
-      if (idx.key_starts.back() != static_cast<std::int64_t>(idx.key_blob.size()))
-        __builtin_trap();
+      if (idx.key_starts.back() != static_cast<std::int64_t>(idx.key_blob.size())) __builtin_trap();
     } catch (const feedline::CorruptData&) {
     } catch (const feedline::Unsupported&) {
     }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: page-level LMDB access (meta selection, read_page on every page
 // number the meta allows, cursor walks to the first, a middle and the last record).
 #include <cstddef>
@@ -22,8 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       try {
         const L::Page p = f.read_page(pg);
         for (const L::Node& n : p.nodes) {
-          if (static_cast<std::uint64_t>(n.key_pos) + n.key_size > p.bytes.size())
-            __builtin_trap();
+          if (static_cast<std::uint64_t>(n.key_pos) + n.key_size > p.bytes.size()) __builtin_trap();
           if (p.kind == L::PageKind::leaf && n.overflow_pgno == 0 &&
               n.value_offset + n.value_length > size)
             __builtin_trap();

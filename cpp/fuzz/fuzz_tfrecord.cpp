@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: TFRecord framing (length, masked CRCs, payloads) from memory and,
 // with a small buffer, through the pread scanner.
 #include <cstddef>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CRC32C: slicing-by-8 tables (portable) and the SSE4.2 crc32 instruction, chosen once
 // at first use. Slicing-by-8 processes 8 bytes per step with 8 table lookups (~1-2 GB/s);
 // the instruction is several times faster and is what TFRecord scanning wants.
@@ -37,7 +38,7 @@ std::uint32_t portable(const std::uint8_t* p, std::size_t n, std::uint32_t crc) 
   std::uint32_t c = ~crc;
   if constexpr (std::endian::native == std::endian::little) {
     while (n >= 8) {
-      std::uint64_t v;
+      std::uint64_t v = 0;
       std::memcpy(&v, p, 8);
       v ^= c;
       c = kTables[7][v & 0xff] ^ kTables[6][(v >> 8) & 0xff] ^ kTables[5][(v >> 16) & 0xff] ^
@@ -58,7 +59,7 @@ __attribute__((target("sse4.2"))) std::uint32_t hardware(const std::uint8_t* p, 
 #if defined(__x86_64__)
   std::uint64_t c64 = c;
   while (n >= 8) {
-    std::uint64_t v;
+    std::uint64_t v = 0;
     std::memcpy(&v, p, 8);
     c64 = _mm_crc32_u64(c64, v);
     p += 8;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Caffe Datum parser: a hand-written protobuf wire-format reader for one small message.
 // Decoding in bulk without libprotobuf avoids one message object per sample and lets a
 // batch land directly in the caller's array; the cost is that every field is validated
@@ -14,11 +15,18 @@ namespace {
 constexpr std::uint64_t kMaxDim = std::uint64_t{1} << 24;
 constexpr std::uint64_t kMaxElems = std::uint64_t{1} << 40;
 
-enum Wire : int { kVarint = 0, kFixed64 = 1, kLen = 2, kStartGroup = 3, kEndGroup = 4, kFixed32 = 5 };
+enum Wire : int {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLen = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5
+};
 
 struct Reader {
-  const std::uint8_t* p;
-  std::size_t n;
+  const std::uint8_t* p = nullptr;
+  std::size_t n = 0;
   std::size_t pos = 0;
   const std::string& name;
 
@@ -32,7 +40,8 @@ struct Reader {
     for (int shift = 0; shift < 70; shift += 7) {
       if (pos >= n) fail(start, std::string("truncated varint (") + what + ")");
       const std::uint8_t b = p[pos++];
-      if (shift == 63 && (b & 0x7e)) fail(start, std::string("varint overflows 64 bits (") + what + ")");
+      if (shift == 63 && (b & 0x7e))
+        fail(start, std::string("varint overflows 64 bits (") + what + ")");
       v |= std::uint64_t{b & 0x7fu} << shift;
       if (!(b & 0x80)) return v;
     }
@@ -70,7 +79,7 @@ const char* wire_name(int w) {
 float load_float(const std::uint8_t* p) {
   std::uint32_t u = std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 |
                     std::uint32_t{p[3]} << 24;
-  float f;
+  float f = 0;
   std::memcpy(&f, &u, 4);
   return f;
 }
@@ -107,7 +116,8 @@ DatumInfo parse_datum(const std::uint8_t* rec, std::size_t n, const std::string&
     const std::uint64_t tag = r.varint("field tag");
     const std::uint64_t field = tag >> 3;
     const int wire = static_cast<int>(tag & 7u);
-    if (field == 0 || field > 536870911u) r.fail(at, "invalid field number " + std::to_string(field));
+    if (field == 0 || field > 536870911u)
+      r.fail(at, "invalid field number " + std::to_string(field));
     switch (field) {
       case 1:
         expect(at, 1, wire, kVarint);
@@ -132,7 +142,8 @@ DatumInfo parse_datum(const std::uint8_t* rec, std::size_t n, const std::string&
       case 5: {
         expect(at, 5, wire, kVarint);
         const auto v = static_cast<std::int64_t>(r.varint("label"));
-        if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
+        if (v < std::numeric_limits<std::int32_t>::min() ||
+            v > std::numeric_limits<std::int32_t>::max())
           r.fail(at, "label " + std::to_string(v) + " is outside int32");
         d.label = v;
         continue;
@@ -143,7 +154,9 @@ DatumInfo parse_datum(const std::uint8_t* rec, std::size_t n, const std::string&
           put_float(r.pos - 4, rec + r.pos - 4);
         } else if (wire == kLen) {
           const std::uint64_t len = r.length("packed float_data");
-          if (len % 4) r.fail(at, "packed float_data of " + std::to_string(len) + " bytes is not a multiple of 4");
+          if (len % 4)
+            r.fail(at,
+                   "packed float_data of " + std::to_string(len) + " bytes is not a multiple of 4");
           for (std::uint64_t k = 0; k < len; k += 4) put_float(r.pos + k, rec + r.pos + k);
           r.pos += static_cast<std::size_t>(len);
         } else {
@@ -157,8 +170,7 @@ DatumInfo parse_datum(const std::uint8_t* rec, std::size_t n, const std::string&
         d.encoded = v != 0;
         continue;
       }
-      default:
-        break;
+      default: break;
     }
     // Unknown field: skip by wire type (forward compatible with newer caffe.proto).
     switch (wire) {
@@ -167,7 +179,8 @@ DatumInfo parse_datum(const std::uint8_t* rec, std::size_t n, const std::string&
       case kFixed32: r.skip(4, "fixed32 field"); break;
       case kLen: r.pos += static_cast<std::size_t>(r.length("unknown field")); break;
       default:
-        r.fail(at, "field " + std::to_string(field) + " uses unsupported wire type " + wire_name(wire));
+        r.fail(at,
+               "field " + std::to_string(field) + " uses unsupported wire type " + wire_name(wire));
     }
   }
   return d;
@@ -182,7 +195,8 @@ std::optional<DatumFault> decode_datum_batch(const std::uint8_t* raw, std::size_
   const std::uint64_t elems = static_cast<std::uint64_t>(spec.channels) *
                               static_cast<std::uint64_t>(spec.height) *
                               static_cast<std::uint64_t>(spec.width);
-  if (spec.channels > static_cast<std::int64_t>(kMaxDim) || spec.height > static_cast<std::int64_t>(kMaxDim) ||
+  if (spec.channels > static_cast<std::int64_t>(kMaxDim) ||
+      spec.height > static_cast<std::int64_t>(kMaxDim) ||
       spec.width > static_cast<std::int64_t>(kMaxDim) || elems > kMaxElems)
     return DatumFault{0, 0, "expected shape is implausibly large"};
   const bool want_floats = spec.payload == DatumPayload::floats;
@@ -206,7 +220,8 @@ std::optional<DatumFault> decode_datum_batch(const std::uint8_t* raw, std::size_
       if (spec.labels) spec.labels[i] = d.label;
       if (d.encoded) {
         if (!spec.encoded)
-          return DatumFault{sample, 0, "encoded (compressed image) Datum where raw pixels were expected"};
+          return DatumFault{sample, 0,
+                            "encoded (compressed image) Datum where raw pixels were expected"};
         spec.encoded[i] = 1;
         spec.encoded_offsets[i] = static_cast<std::int64_t>(pos + d.data_offset);
         spec.encoded_lengths[i] = static_cast<std::int64_t>(d.data_size);
@@ -227,10 +242,11 @@ std::optional<DatumFault> decode_datum_batch(const std::uint8_t* raw, std::size_
                                 " values, expected C*H*W = " + std::to_string(elems)};
       } else {
         if (d.data_size != elems)
-          return DatumFault{sample, d.data_offset,
-                            "data has " + std::to_string(d.data_size) +
-                                " bytes, expected C*H*W = " + std::to_string(elems) +
-                                (d.data_size == 0 && d.float_count ? " (the Datum holds float_data)" : "")};
+          return DatumFault{
+              sample, d.data_offset,
+              "data has " + std::to_string(d.data_size) +
+                  " bytes, expected C*H*W = " + std::to_string(elems) +
+                  (d.data_size == 0 && d.float_count ? " (the Datum holds float_data)" : "")};
         if (elems) std::memcpy(row, rec + d.data_offset, static_cast<std::size_t>(elems));
       }
     } catch (const CorruptData& e) {

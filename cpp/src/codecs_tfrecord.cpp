@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TFRecord frame scanner. The file is read front to back in large sequential preads
 // (default 8 MiB) into one buffer; frames are parsed from the buffer, and payloads larger
 // than the buffer are checksummed piece by piece, so memory stays bounded by the buffer
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <feedline/codecs.hpp>
 #include <feedline/detail/bytes.hpp>
+#include <feedline/detail/errno_text.hpp>
 #include <feedline/errors.hpp>
 
 namespace feedline {
@@ -28,7 +30,12 @@ using detail::load_u64;
 // Byte source the scanner reads from: a window [start, start+len) of the file.
 class Source {
  public:
+  Source() = default;
   virtual ~Source() = default;
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
+  Source(Source&&) = delete;
+  Source& operator=(Source&&) = delete;
   // Make [pos, pos+n) available and return a pointer to it. n <= capacity().
   virtual const std::uint8_t* window(std::uint64_t pos, std::size_t n) = 0;
   virtual std::size_t capacity() const = 0;
@@ -51,12 +58,13 @@ class FileSource final : public Source {
  public:
   FileSource(const std::string& path, std::size_t buffer_bytes) : path_(path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw StorageFailure(path, 0, errno, std::string("open: ") + std::strerror(errno));
+    if (fd_ < 0)
+      throw StorageFailure(path, 0, errno, std::string("open: ") + detail::errno_text(errno));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
       int err = errno;
       ::close(fd_);
-      throw StorageFailure(path, 0, err, std::string("fstat: ") + std::strerror(err));
+      throw StorageFailure(path, 0, err, std::string("fstat: ") + detail::errno_text(err));
     }
     size = static_cast<std::uint64_t>(st.st_size);
     buf_.resize(std::max<std::size_t>(buffer_bytes, 4096));
@@ -84,13 +92,13 @@ class FileSource final : public Source {
                             static_cast<off_t>(at));
       if (got < 0) {
         if (errno == EINTR) continue;
-        throw StorageFailure(path_, at, errno, std::string("pread: ") + std::strerror(errno));
+        throw StorageFailure(path_, at, errno, std::string("pread: ") + detail::errno_text(errno));
       }
       ++reads;
       bytes_read += static_cast<std::uint64_t>(got);
       if (got == 0)
-        throw CorruptData(path_, at, "file shrank while being scanned (was " +
-                                         std::to_string(size) + " bytes)");
+        throw CorruptData(
+            path_, at, "file shrank while being scanned (was " + std::to_string(size) + " bytes)");
       len_ += static_cast<std::size_t>(got);
     }
     return buf_.data();
@@ -134,7 +142,8 @@ TFRecordIndex scan(Source& src, const std::string& name, bool verify_data) {
       std::uint32_t crc = 0;
       std::uint64_t done = 0;
       while (done < length) {
-        const std::size_t step = static_cast<std::size_t>(std::min<std::uint64_t>(cap, length - done));
+        const std::size_t step =
+            static_cast<std::size_t>(std::min<std::uint64_t>(cap, length - done));
         crc = crc32c(src.window(payload + done, step), step, crc);
         done += step;
       }

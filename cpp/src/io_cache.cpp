@@ -1,4 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
 // Page-cache helpers for cold-cache measurements: evict a file, count its cached bytes.
+#include <feedline/detail/errno_text.hpp>
 #include <feedline/errors.hpp>
 #include <feedline/io_engine.hpp>
 
@@ -28,7 +30,7 @@ class Fd {
   [[nodiscard]] int get() const { return fd_; }
 
   [[noreturn]] static void fail(const std::string& path, const char* call, int err = errno) {
-    throw StorageFailure(path, 0, err, std::string(call) + ": " + std::strerror(err));
+    throw StorageFailure(path, 0, err, std::string(call) + ": " + detail::errno_text(err));
   }
 
  private:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine: submissions are cut into tasks at submit time; threads claim tasks in FIFO
 // order under one mutex (a task is at least a few hundred KiB of reads, so the lock is
 // cold) and report counters into the submission and the engine with atomics.
@@ -39,8 +40,8 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 
 /// Counters shared by a submission and the engine, added to by many threads.
 struct Counters {
-  std::atomic<std::uint64_t> bytes{0}, storage_bytes{0}, ops{0}, extents{0}, tasks{0},
-      retries{0}, minor_faults{0}, major_faults{0}, busy_ns{0};
+  std::atomic<std::uint64_t> bytes{0}, storage_bytes{0}, ops{0}, extents{0}, tasks{0}, retries{0},
+      minor_faults{0}, major_faults{0}, busy_ns{0};
 
   void fill(IoStats& s) const {
     s.bytes = bytes.load(std::memory_order_relaxed);
@@ -95,7 +96,9 @@ class Bounce {
     forget();
     return data_;
   }
-  void hold(std::int32_t file, std::int64_t lo, std::int64_t hi) { file_ = file, lo_ = lo, hi_ = hi; }
+  void hold(std::int32_t file, std::int64_t lo, std::int64_t hi) {
+    file_ = file, lo_ = lo, hi_ = hi;
+  }
   void forget() { file_ = -1; }
   /// Bytes [offset, offset + length) of @p file if held, else null.
   const unsigned char* find(std::int32_t file, std::int64_t offset, std::int64_t length) const {
@@ -260,12 +263,8 @@ void EngineState::read_piece(const Piece& p, Bounce& bounce, ReadContext& rc, Ta
   rc.path = &files.path(p.file);
   switch (options.method) {
     case IoMethod::pread:
-    case IoMethod::pread_random:
-      read_buffered(p, rc, tally);
-      break;
-    case IoMethod::odirect:
-      read_direct(p, bounce, rc, tally);
-      break;
+    case IoMethod::pread_random: read_buffered(p, rc, tally); break;
+    case IoMethod::odirect: read_direct(p, bounce, rc, tally); break;
     case IoMethod::mmap: {
       const FileTable::Mapping m = files.mapping(p.file);
       const auto size = static_cast<std::int64_t>(m.size);
@@ -322,7 +321,8 @@ void EngineState::read_direct(const Piece& p, Bounce& bounce, ReadContext& rc, T
     const std::size_t lo = round_down(off, d.offset_align);
     const std::size_t hi = round_up(off + len, d.offset_align);
     unsigned char* buf = bounce.reserve(hi - lo, d.mem_align);
-    const std::size_t got = pread_full(d.fd, buf, hi - lo, static_cast<std::int64_t>(lo), rc, d.offset_align);
+    const std::size_t got =
+        pread_full(d.fd, buf, hi - lo, static_cast<std::int64_t>(lo), rc, d.offset_align);
     tally.storage_bytes += hi - lo;
     files.confirm_direct(p.file);
     bounce.hold(p.file, static_cast<std::int64_t>(lo), static_cast<std::int64_t>(lo + got));
@@ -454,7 +454,8 @@ IoFuture IoEngine::submit(std::span<const Extent> extents, void* buffer, std::si
                                 " entries for " + std::to_string(extents.size()) + " extents");
   }
   if (buffer == nullptr && buffer_size > 0) {
-    throw std::invalid_argument("a null buffer cannot hold " + std::to_string(buffer_size) + " bytes");
+    throw std::invalid_argument("a null buffer cannot hold " + std::to_string(buffer_size) +
+                                " bytes");
   }
   auto s = std::make_shared<detail::Submission>();
   const auto chunk = static_cast<std::int64_t>(state_->options.chunk_bytes);
@@ -467,8 +468,10 @@ IoFuture IoEngine::submit(std::span<const Extent> extents, void* buffer, std::si
   for (std::size_t i = 0; i < extents.size(); ++i) {
     const Extent& e = extents[i];
     (void)state_->files.path(e.file_id);  // range check: std::out_of_range
-    if (e.offset < 0 || e.length < 0 || e.offset > std::numeric_limits<std::int64_t>::max() - e.length) {
-      throw std::invalid_argument("extent " + std::to_string(i) + " has a negative or overflowing offset or length");
+    if (e.offset < 0 || e.length < 0 ||
+        e.offset > std::numeric_limits<std::int64_t>::max() - e.length) {
+      throw std::invalid_argument("extent " + std::to_string(i) +
+                                  " has a negative or overflowing offset or length");
     }
     const auto len = static_cast<std::uint64_t>(e.length);
     std::uint64_t dest = packed;
@@ -556,7 +559,9 @@ const IoOptions& IoEngine::options() const noexcept { return state_->options; }
 
 std::size_t IoEngine::num_files() const noexcept { return state_->files.size(); }
 
-const std::string& IoEngine::path(std::int32_t file_id) const { return state_->files.path(file_id); }
+const std::string& IoEngine::path(std::int32_t file_id) const {
+  return state_->files.path(file_id);
+}
 
 FileMode IoEngine::file_mode(std::int32_t file_id) const { return state_->files.mode(file_id); }
 
@@ -597,7 +602,8 @@ void IoEngine::stop(bool join) noexcept {
     }
   }
   for (auto& [s, unclaimed] : cancelled) {
-    if (s->remaining.fetch_sub(unclaimed, std::memory_order_acq_rel) == unclaimed) state_->finish(*s);
+    if (s->remaining.fetch_sub(unclaimed, std::memory_order_acq_rel) == unclaimed)
+      state_->finish(*s);
   }
   if (join) state_->files.close_all();  // else when the last detached thread drops the state
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <feedline/detail/errno_text.hpp>
 #include <feedline/detail/io_files.hpp>
 #include <feedline/errors.hpp>
 
@@ -21,7 +23,7 @@ int open_retrying(const std::string& path, int flags) {
 }
 
 [[noreturn]] void throw_errno(const std::string& path, int err, const char* call) {
-  throw StorageFailure(path, 0, err, std::string(call) + ": " + std::strerror(err));
+  throw StorageFailure(path, 0, err, std::string(call) + ": " + detail::errno_text(err));
 }
 
 // The alignment O_DIRECT needs, as the file system reports it (Linux >= 6.1); zero
@@ -50,8 +52,7 @@ DioAlign query_dio_align(int fd) {
 }  // namespace
 
 FileTable::FileTable(std::vector<std::string> paths, std::size_t alignment_override)
-    : paths_(std::move(paths)),
-      alignment_override_(alignment_override),
+    : paths_(std::move(paths)), alignment_override_(alignment_override),
       slots_(std::make_unique<Slot[]>(paths_.size())) {}
 
 FileTable::~FileTable() { close_all(); }

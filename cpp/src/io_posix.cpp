@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <feedline/detail/errno_text.hpp>
 #include <feedline/detail/io_posix.hpp>
 #include <feedline/errors.hpp>
 
@@ -19,16 +21,14 @@ bool is_transient(int err) noexcept {
     case ETIMEDOUT:
     case EBUSY:
     case EREMOTEIO:
-    case ECONNRESET:
-      return true;
-    default:
-      return false;
+    case ECONNRESET: return true;
+    default: return false;
   }
 }
 
 namespace {
 constexpr int kMaxAgain = 1000;  // EAGAIN pauses of 100 us: give up after ~0.1 s
-const std::chrono::microseconds kMaxBackoff{1'000'000};
+constexpr std::chrono::microseconds kMaxBackoff{1'000'000};
 }  // namespace
 
 std::size_t pread_full(int fd, void* dest, std::size_t length, std::int64_t offset,
@@ -55,8 +55,8 @@ std::size_t pread_full(int fd, void* dest, std::size_t length, std::int64_t offs
     }
     if (err == EINVAL && direct_align != 0) throw DirectRefused();
     if (is_transient(err) && transient < ctx.max_retries) {
-      const std::chrono::microseconds pause =
-          std::min<std::chrono::microseconds>(ctx.backoff * (1LL << std::min(transient, 20u)), kMaxBackoff);
+      const std::chrono::microseconds pause = std::min<std::chrono::microseconds>(
+          ctx.backoff * (1LL << std::min(transient, 20u)), kMaxBackoff);
       ++transient;
       ++ctx.retries;
       if (ctx.live_retries != nullptr) ctx.live_retries->fetch_add(1, std::memory_order_relaxed);
@@ -64,7 +64,7 @@ std::size_t pread_full(int fd, void* dest, std::size_t length, std::int64_t offs
       continue;
     }
     const std::string path = ctx.path != nullptr ? *ctx.path : std::string("<fd>");
-    std::string what = std::string("pread: ") + std::strerror(err);
+    std::string what = std::string("pread: ") + detail::errno_text(err);
     if (transient > 0) what += " (after " + std::to_string(transient) + " retries)";
     throw StorageFailure(path, static_cast<std::uint64_t>(at), err, what);
   }

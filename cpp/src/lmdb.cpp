@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LMDB on-disk format: counting pread file, meta selection, page validation and the
 // page-level LmdbFile (read a page, cursor walks). The breadth-first indexer is in
 // lmdb_index.cpp. Layout learnt from liblmdb 0.9 mdb.c (MDB_page, MDB_node, MDB_meta).
@@ -12,6 +13,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include <feedline/detail/errno_text.hpp>
 #include <feedline/detail/lmdb_format.hpp>
 #include <feedline/errors.hpp>
 #include <feedline/lmdb.hpp>
@@ -25,14 +27,14 @@ PreadFile::PreadFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {
     const int err = errno;
-    throw StorageFailure(path, 0, err, std::string("open: ") + std::strerror(err));
+    throw StorageFailure(path, 0, err, std::string("open: ") + feedline::detail::errno_text(err));
   }
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
-    throw StorageFailure(path, 0, err, std::string("fstat: ") + std::strerror(err));
+    throw StorageFailure(path, 0, err, std::string("fstat: ") + feedline::detail::errno_text(err));
   }
   size_ = static_cast<std::uint64_t>(st.st_size);
 }
@@ -65,7 +67,8 @@ std::uint64_t PreadFile::read(std::uint64_t off, std::uint64_t len, std::uint8_t
     if (r < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
-      throw StorageFailure(path_, off + done, err, std::string("pread: ") + std::strerror(err));
+      throw StorageFailure(path_, off + done, err,
+                           std::string("pread: ") + feedline::detail::errno_text(err));
     }
     if (r == 0) break;
     done += static_cast<std::uint64_t>(r);
@@ -79,8 +82,8 @@ void PreadFile::read_exact(std::uint64_t off, std::uint64_t len, std::uint8_t* o
   const std::uint64_t got = read(off, len, out);
   if (got != len) {
     throw CorruptData(path_, off + got,
-                      std::string("file ends inside ") + what + " (truncated: " +
-                          std::to_string(size_) + " bytes)");
+                      std::string("file ends inside ") + what +
+                          " (truncated: " + std::to_string(size_) + " bytes)");
   }
 }
 
@@ -171,8 +174,9 @@ void check_db(const std::string& path, const Meta& m, const DbInfo& d, bool main
     throw CorruptData(path, field_off + 4, std::string(name) + " has unknown flags");
   }
   if (main && (d.flags & (kDupSort | kDupFixed | kIntegerDup | kReverseDup))) {
-    throw Unsupported(path, "the main database is DUPSORT (sorted duplicates); feedline reads "
-                            "one value per key");
+    throw Unsupported(path,
+                      "the main database is DUPSORT (sorted duplicates); feedline reads "
+                      "one value per key");
   }
   if (d.root == kInvalidPage) {
     if (d.depth != 0 || d.entries != 0 || d.branch_pages != 0 || d.leaf_pages != 0 ||
@@ -187,8 +191,9 @@ void check_db(const std::string& path, const Meta& m, const DbInfo& d, bool main
                           " is outside [2, last page " + std::to_string(m.last_pgno) + "]");
   }
   if (d.depth < 1 || d.depth > kMaxDepth) {
-    throw CorruptData(path, field_off + 6,
-                      std::string(name) + " depth " + std::to_string(d.depth) + " is not in [1, 32]");
+    throw CorruptData(
+        path, field_off + 6,
+        std::string(name) + " depth " + std::to_string(d.depth) + " is not in [1, 32]");
   }
 }
 
@@ -197,9 +202,9 @@ void check_db(const std::string& path, const Meta& m, const DbInfo& d, bool main
 Meta read_meta(PreadFile& file) {
   const std::string& path = file.path();
   if (file.size() < kMetaRead) {
-    throw CorruptData(path, file.size(),
-                      "file of " + std::to_string(file.size()) +
-                          " bytes is too short to hold an LMDB meta page");
+    throw CorruptData(
+        path, file.size(),
+        "file of " + std::to_string(file.size()) + " bytes is too short to hold an LMDB meta page");
   }
   std::uint8_t buf0[kMetaRead];
   std::uint8_t buf1[kMetaRead];
@@ -234,8 +239,8 @@ Meta read_meta(PreadFile& file) {
     }
   }
   if (!c0.valid && !c1.valid) {
-    throw CorruptData(path, 0,
-                      "no valid meta page (meta 0: " + c0.problem + "; meta 1: " + c1.problem + ")");
+    throw CorruptData(
+        path, 0, "no valid meta page (meta 0: " + c0.problem + "; meta 1: " + c1.problem + ")");
   }
   const bool use1 = c1.valid && (!c0.valid || c1.meta.txnid > c0.meta.txnid);
   Meta m = use1 ? c1.meta : c0.meta;
@@ -328,8 +333,9 @@ std::uint16_t parse_tree_page(const PageContext& ctx, const std::uint8_t* p, std
   std::vector<std::pair<std::uint32_t, std::uint32_t>> spans(n);  // (start, padded size)
   std::uint64_t used = 0;
   for (std::uint32_t i = 0; i < n; ++i) {
-    const std::uint32_t ptr = load<std::uint16_t>(p + kPageHeader + 2 * i);
-    const std::uint64_t slot_off = off + kPageHeader + 2 * i;
+    // i < n < 32768 (lower is a u16): 2 * i cannot overflow, widened or not.
+    const std::uint32_t ptr = load<std::uint16_t>(p + kPageHeader + std::size_t{2} * i);
+    const std::uint64_t slot_off = off + kPageHeader + std::uint64_t{2} * i;
     if (ptr < upper || (ptr & 1u) || ptr + kNodeHeader > psize) {
       throw CorruptData(path, slot_off,
                         "page " + std::to_string(pgno) + " slot " + std::to_string(i) +
@@ -393,8 +399,8 @@ std::uint16_t parse_tree_page(const PageContext& ctx, const std::uint8_t* p, std
     }
     if (ptr + size > psize) {
       throw CorruptData(path, off + ptr,
-                        "node " + std::to_string(i) + " of page " + std::to_string(pgno) +
-                            " (" + std::to_string(size) + " bytes) extends beyond the page");
+                        "node " + std::to_string(i) + " of page " + std::to_string(pgno) + " (" +
+                            std::to_string(size) + " bytes) extends beyond the page");
     }
     spans[i] = {ptr, static_cast<std::uint32_t>(size)};
     used += size;
@@ -420,7 +426,6 @@ std::uint16_t parse_tree_page(const PageContext& ctx, const std::uint8_t* p, std
 
 // ------------------------------------------------------------------------- LmdbFile
 
-using detail::kPageHeader;
 using detail::load;
 
 struct LmdbFile::Impl {
@@ -450,9 +455,9 @@ Page LmdbFile::read_page(std::uint64_t pgno) {
   const Meta& m = impl_->meta;
   const std::string& path = impl_->file.path();
   if (pgno > m.last_pgno) {
-    throw CorruptData(path, 0,
-                      "page " + std::to_string(pgno) + " is beyond the last page " +
-                          std::to_string(m.last_pgno));
+    throw CorruptData(
+        path, 0,
+        "page " + std::to_string(pgno) + " is beyond the last page " + std::to_string(m.last_pgno));
   }
   Page page;
   page.pgno = pgno;
@@ -471,15 +476,16 @@ Page LmdbFile::read_page(std::uint64_t pgno) {
   }
   if (page.flags == detail::kOverflow) {
     if (load<std::uint64_t>(p) != pgno) {
-      throw CorruptData(path, off, "overflow page " + std::to_string(pgno) + " carries page number " +
-                                       std::to_string(load<std::uint64_t>(p)));
+      throw CorruptData(path, off,
+                        "overflow page " + std::to_string(pgno) + " carries page number " +
+                            std::to_string(load<std::uint64_t>(p)));
     }
     page.kind = PageKind::overflow;
     page.overflow_pages = load<std::uint32_t>(p + 12);
     if (page.overflow_pages == 0 || page.overflow_pages > m.last_pgno - pgno + 1) {
       throw CorruptData(path, off + 12,
-                        "overflow run of " + std::to_string(page.overflow_pages) + " pages at page " +
-                            std::to_string(pgno) + " runs past the last page");
+                        "overflow run of " + std::to_string(page.overflow_pages) +
+                            " pages at page " + std::to_string(pgno) + " runs past the last page");
     }
     return page;
   }
@@ -505,8 +511,8 @@ class PathWalker {
         (p.kind == PageKind::leaf) != want_leaf) {
       throw CorruptData(f_.path(), pgno * f_.meta().page_size,
                         "page " + std::to_string(pgno) + " at tree level " + std::to_string(level) +
-                            " is not a " + (want_leaf ? "leaf" : "branch") +
-                            " page (meta depth " + std::to_string(depth_) + ")");
+                            " is not a " + (want_leaf ? "leaf" : "branch") + " page (meta depth " +
+                            std::to_string(depth_) + ")");
     }
     return p;
   }

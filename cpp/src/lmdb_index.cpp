@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The LMDB indexer: a breadth-first walk of the main B+tree, one level at a time.
 //
 // Each level's pages are read in page-number order and runs of adjacent pages are read
@@ -29,7 +30,14 @@ namespace {
 
 using namespace detail;
 
-enum class Owner : std::uint8_t { meta, main_tree, main_overflow, free_tree, free_overflow, free_list };
+enum class Owner : std::uint8_t {
+  meta,
+  main_tree,
+  main_overflow,
+  free_tree,
+  free_overflow,
+  free_list
+};
 
 const char* owner_name(Owner o) {
   switch (o) {
@@ -281,24 +289,24 @@ Index index_lmdb(const std::string& path, const IndexOptions& options) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> per_leaf;
   std::vector<OverflowRun> runs;
   std::uint64_t payload = 0;
-  const WalkCounts main_counts = walker.walk(
-      meta.main_db, false, rp,
-      [&](std::size_t pos, std::size_t leaves, std::uint64_t, const std::uint8_t* p,
-          const std::vector<Node>& nodes) {
-        if (per_leaf.empty()) per_leaf.assign(leaves, {0, 0});
-        per_leaf[pos] = {off.size(), nodes.size()};
-        for (const Node& n : nodes) {
-          off.push_back(static_cast<std::int64_t>(n.value_offset));
-          len.push_back(static_cast<std::int64_t>(n.value_length));
-          payload += n.value_length;
-          kstart.push_back(keys.size());
-          keys.insert(keys.end(), p + n.key_pos, p + n.key_pos + n.key_size);
-          if (n.flags & kBigData) {
-            runs.push_back({n.overflow_pgno, overflow_pages_for(n.value_length, psize),
-                            n.value_length});
-          }
-        }
-      });
+  const WalkCounts main_counts =
+      walker.walk(meta.main_db, false, rp,
+                  [&](std::size_t pos, std::size_t leaves, std::uint64_t, const std::uint8_t* p,
+                      const std::vector<Node>& nodes) {
+                    if (per_leaf.empty()) per_leaf.assign(leaves, {0, 0});
+                    per_leaf[pos] = {off.size(), nodes.size()};
+                    for (const Node& n : nodes) {
+                      off.push_back(static_cast<std::int64_t>(n.value_offset));
+                      len.push_back(static_cast<std::int64_t>(n.value_length));
+                      payload += n.value_length;
+                      kstart.push_back(keys.size());
+                      keys.insert(keys.end(), p + n.key_pos, p + n.key_pos + n.key_size);
+                      if (n.flags & kBigData) {
+                        runs.push_back({n.overflow_pgno, overflow_pages_for(n.value_length, psize),
+                                        n.value_length});
+                      }
+                    }
+                  });
   kstart.push_back(keys.size());
 
   const DbInfo& mdb = meta.main_db;
@@ -358,8 +366,8 @@ Index index_lmdb(const std::string& path, const IndexOptions& options) {
               const std::uint64_t pg = load<std::uint64_t>(data + 8 * i);
               if (pg < 2 || pg > meta.last_pgno) {
                 throw CorruptData(path, data_off + 8 * i,
-                                  "free list names page " + std::to_string(pg) +
-                                      ", outside [2, " + std::to_string(meta.last_pgno) + "]");
+                                  "free list names page " + std::to_string(pg) + ", outside [2, " +
+                                      std::to_string(meta.last_pgno) + "]");
               }
               ranges.add(pg, 1, Owner::free_list);
               ++st.free_pages;

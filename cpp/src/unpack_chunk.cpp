@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HDF5 filtered chunks: deflate (zlib-wrapped, inflated with libdeflate: whole-buffer,
 // 2-3x zlib's speed, and the chunk's size is known), HDF5's byte shuffle, and h5py's LZF.
 // Every length is checked against the chunk's known size; bad bytes give a reason string.
@@ -27,8 +28,7 @@ std::optional<std::string> inflate_zlib(const std::uint8_t* in, std::size_t in_s
                                         std::uint8_t* out, std::size_t out_size) {
   thread_local Decompressor dec;
   std::size_t got = 0;
-  const libdeflate_result r =
-      libdeflate_zlib_decompress(dec.d, in, in_size, out, out_size, &got);
+  const libdeflate_result r = libdeflate_zlib_decompress(dec.d, in, in_size, out, out_size, &got);
   switch (r) {
     case LIBDEFLATE_SUCCESS:
       if (got != out_size)
@@ -173,11 +173,9 @@ std::optional<std::string> unfilter_chunk(const std::uint8_t* in, std::size_t in
         if (cur_size != out_size)
           err = "shuffled data of " + std::to_string(cur_size) + " bytes, the chunk has " +
                 std::to_string(out_size);
-        else
-          unshuffle(cur, dst, out_size, itemsize);
+        else unshuffle(cur, dst, out_size, itemsize);
         break;
-      default:
-        err = "filter " + std::to_string(filters[k]) + " is not supported";
+      default: err = "filter " + std::to_string(filters[k]) + " is not supported";
     }
     if (err) return err;
     cur = dst;

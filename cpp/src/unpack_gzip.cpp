@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gzip-compressed TFRecord: a one-pass scan that inflates the file with zlib (Z_BLOCK, so
 // it sees deflate block boundaries), parses and CRC-checks the TFRecord frames of the
 // decompressed stream and places restart points (zlib's zran technique: compressed
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <feedline/codecs.hpp>
 #include <feedline/detail/bytes.hpp>
+#include <feedline/detail/errno_text.hpp>
 #include <feedline/errors.hpp>
 #include <feedline/unpack.hpp>
 #include <functional>
@@ -22,7 +24,7 @@
 namespace feedline {
 namespace {
 
-constexpr std::size_t kOut = 256 * 1024;  // output buffer: >= 2 windows
+constexpr std::size_t kOut = std::size_t{256} * 1024;  // output buffer: >= 2 windows
 constexpr std::uint64_t kMaxStep = 1u << 30;
 
 using detail::hex;
@@ -145,12 +147,12 @@ GzipTFRecordIndex scan(const Fill& fill, std::uint64_t size, const std::string& 
   spacing = std::max<std::size_t>(spacing, 2 * kGzipWindow);
   std::vector<std::uint8_t> in(std::max<std::size_t>(buffer_bytes, 4096));
   std::vector<std::uint8_t> out(kOut);
-  std::uint64_t in_base = 0;   // file offset of in[0]
+  std::uint64_t in_base = 0;  // file offset of in[0]
   std::size_t in_len = 0;
-  std::uint64_t stream = 0;    // decompressed bytes so far
-  std::size_t have = 0;        // bytes of the current member's recent output in `out`
-  std::uint64_t seg_out = 0;   // stream position of the current segment's restart
-  Inflater z(31);              // gzip wrapper
+  std::uint64_t stream = 0;   // decompressed bytes so far
+  std::size_t have = 0;       // bytes of the current member's recent output in `out`
+  std::uint64_t seg_out = 0;  // stream position of the current segment's restart
+  Inflater z(31);             // gzip wrapper
   auto new_segment = [&](std::uint64_t start, int bits, const std::uint8_t* window) {
     idx.start.push_back(static_cast<std::int64_t>(start));
     idx.end.push_back(static_cast<std::int64_t>(start));
@@ -171,9 +173,7 @@ GzipTFRecordIndex scan(const Fill& fill, std::uint64_t size, const std::string& 
     z.s.next_in = in.data();
     z.s.avail_in = static_cast<uInt>(in_len);
   };
-  auto consumed = [&]() {
-    return in_base + static_cast<std::uint64_t>(z.s.next_in - in.data());
-  };
+  auto consumed = [&]() { return in_base + static_cast<std::uint64_t>(z.s.next_in - in.data()); };
   if (size == 0) return idx;
   refill();
   if (in_len < 2 || in[0] != 0x1f || in[1] != 0x8b)
@@ -221,8 +221,9 @@ GzipTFRecordIndex scan(const Fill& fill, std::uint64_t size, const std::string& 
         z.s.avail_in = static_cast<uInt>(in_len);
       }
       if (z.s.avail_in < 2 || z.s.next_in[0] != 0x1f || z.s.next_in[1] != 0x8b)
-        throw CorruptData(name, at, "trailing bytes after gzip member " +
-                                        std::to_string(idx.members - 1) + " are not gzip");
+        throw CorruptData(name, at,
+                          "trailing bytes after gzip member " + std::to_string(idx.members - 1) +
+                              " are not gzip");
       if (inflateReset(&z.s) != Z_OK) throw CorruptData(name, at, "zlib inflateReset failed");
       ++idx.members;
       have = 0;
@@ -252,14 +253,18 @@ GzipTFRecordIndex scan(const Fill& fill, std::uint64_t size, const std::string& 
 GzipTFRecordIndex scan_gzip_tfrecord(const std::string& path, std::size_t spacing,
                                      std::size_t buffer_bytes, bool verify_data) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw StorageFailure(path, 0, errno, std::string("open: ") + std::strerror(errno));
+  if (fd < 0)
+    throw StorageFailure(path, 0, errno, std::string("open: ") + detail::errno_text(errno));
   struct Closer {
-    int fd;
+    explicit Closer(int f) : fd(f) {}
     ~Closer() { ::close(fd); }
+    Closer(const Closer&) = delete;
+    Closer& operator=(const Closer&) = delete;
+    int fd;
   } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0)
-    throw StorageFailure(path, 0, errno, std::string("fstat: ") + std::strerror(errno));
+    throw StorageFailure(path, 0, errno, std::string("fstat: ") + detail::errno_text(errno));
   std::uint64_t reads = 0, bytes = 0;
   Fill fill = [&](std::uint8_t* buf, std::size_t n, std::uint64_t at) -> std::size_t {
     std::size_t got = 0;
@@ -267,7 +272,8 @@ GzipTFRecordIndex scan_gzip_tfrecord(const std::string& path, std::size_t spacin
       const ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(at + got));
       if (r < 0) {
         if (errno == EINTR) continue;
-        throw StorageFailure(path, at + got, errno, std::string("pread: ") + std::strerror(errno));
+        throw StorageFailure(path, at + got, errno,
+                             std::string("pread: ") + detail::errno_text(errno));
       }
       ++reads;
       if (r == 0) break;
@@ -295,9 +301,9 @@ GzipTFRecordIndex scan_gzip_tfrecord_bytes(const std::uint8_t* data, std::size_t
   return scan(fill, size, name, spacing, 1 << 16, verify_data);
 }
 
-std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t in_size,
-                                           int bits, const std::uint8_t* window,
-                                           std::uint8_t* out, std::size_t out_size) {
+std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t in_size, int bits,
+                                           const std::uint8_t* window, std::uint8_t* out,
+                                           std::size_t out_size) {
   if (bits < -1 || bits > 7) return "invalid restart point (" + std::to_string(bits) + " bits)";
   if (bits >= 0 && window == nullptr) return "restart point without its window";
   Inflater z(bits < 0 ? 31 : -15);
@@ -311,8 +317,10 @@ std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t i
     return "zlib inflateSetDictionary failed";
   std::size_t op = 0;
   while (op < out_size) {
-    const std::size_t in_step = static_cast<std::size_t>(std::min<std::uint64_t>(in_size - ip, kMaxStep));
-    const std::size_t out_step = static_cast<std::size_t>(std::min<std::uint64_t>(out_size - op, kMaxStep));
+    const std::size_t in_step =
+        static_cast<std::size_t>(std::min<std::uint64_t>(in_size - ip, kMaxStep));
+    const std::size_t out_step =
+        static_cast<std::size_t>(std::min<std::uint64_t>(out_size - op, kMaxStep));
     z.s.next_in = const_cast<Bytef*>(in + ip);
     z.s.avail_in = static_cast<uInt>(in_step);
     z.s.next_out = out + op;
@@ -352,7 +360,8 @@ std::int64_t check_tfrecord_crcs(const std::uint8_t* buf, std::size_t buf_size,
   for (std::size_t i = 0; i < count; ++i) {
     if (src[i] < 0 || size[i] < 0) return static_cast<std::int64_t>(i);
     const auto a = static_cast<std::uint64_t>(src[i]), n = static_cast<std::uint64_t>(size[i]);
-    if (a > buf_size || n > buf_size - a || buf_size - a - n < 4) return static_cast<std::int64_t>(i);
+    if (a > buf_size || n > buf_size - a || buf_size - a - n < 4)
+      return static_cast<std::int64_t>(i);
     if (load_u32(buf + a + n) != masked_crc32c(buf + a, static_cast<std::size_t>(n)))
       return static_cast<std::int64_t>(i);
   }

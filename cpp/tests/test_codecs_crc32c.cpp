@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CRC32C against published vectors (RFC 3720 B.4, the "123456789" check value) and the
 // agreement of the portable and SSE4.2 implementations on every length and alignment.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Caffe Datum parsing and batch decoding: valid messages in every encoding protobuf
 // allows (packed and unpacked floats, negative labels, unknown fields, field order),
 // and hostile input: truncations, bad wire types, overlong varints, random garbage.
@@ -20,7 +21,9 @@ void varint(Bytes& b, std::uint64_t v) {
   }
   b.push_back(static_cast<std::uint8_t>(v));
 }
-void tag(Bytes& b, int field, int wire) { varint(b, static_cast<std::uint64_t>(field) << 3 | wire); }
+void tag(Bytes& b, int field, int wire) {
+  varint(b, static_cast<std::uint64_t>(field) << 3 | wire);
+}
 
 Bytes datum(int c, int h, int w, const Bytes& data, std::int32_t label, bool encoded = false) {
   Bytes b;
@@ -102,7 +105,8 @@ TEST(Datum, FloatDataPackedAndUnpacked) {
     EXPECT_EQ(d.float_count, 4u);
     for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], vals[i]);
     float small[3];
-    EXPECT_THROW(feedline::parse_datum(rec.data(), rec.size(), "f", small, 3), feedline::CorruptData);
+    EXPECT_THROW(feedline::parse_datum(rec.data(), rec.size(), "f", small, 3),
+                 feedline::CorruptData);
   }
 }
 
@@ -132,7 +136,8 @@ TEST(Datum, HostileInputsAreCorruptData) {
   b.clear(), tag(b, 10, 1), b.insert(b.end(), 3, 0);  // truncated fixed64
   bad.push_back(b);
   for (std::size_t i = 0; i < bad.size(); ++i) {
-    EXPECT_THROW(feedline::parse_datum(bad[i].data(), bad[i].size(), "bad"), feedline::CorruptData) << i;
+    EXPECT_THROW(feedline::parse_datum(bad[i].data(), bad[i].size(), "bad"), feedline::CorruptData)
+        << i;
   }
 }
 
@@ -178,8 +183,9 @@ TEST(Datum, BatchDecode) {
   Bytes out(n * c * h * w);
   std::vector<std::int64_t> labels(n), eoff(n), elen(n);
   std::vector<std::uint8_t> enc(n, 9);
-  feedline::DatumBatchSpec spec{c, h, w, feedline::DatumPayload::bytes, out.data(), labels.data(),
-                                enc.data(), eoff.data(), elen.data()};
+  feedline::DatumBatchSpec spec{
+      c,          h,           w,          feedline::DatumPayload::bytes, out.data(), labels.data(),
+      enc.data(), eoff.data(), elen.data()};
   auto fault = feedline::decode_datum_batch(raw.data(), raw.size(), lengths.data(), n, spec);
   ASSERT_FALSE(fault.has_value()) << fault->reason;
   for (int i = 0; i < n; ++i) {
@@ -217,7 +223,8 @@ TEST(Datum, BatchFaultsNameTheSample) {
   std::uint8_t one[4];
   std::int64_t lab = 0, eo = 0, el = 0;
   std::uint8_t flag = 0;
-  feedline::DatumBatchSpec espec{1, 2, 2, feedline::DatumPayload::bytes, one, &lab, &flag, &eo, &el};
+  feedline::DatumBatchSpec espec{1,     2,   2,  feedline::DatumPayload::bytes, one, &lab,
+                                 &flag, &eo, &el};
   ASSERT_FALSE(feedline::decode_datum_batch(e.data(), e.size(), &elen_in, 1, espec).has_value());
   EXPECT_EQ(flag, 1);
   EXPECT_EQ(lab, 3);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TFRecord scanning: well-formed files (in memory and on disk, with buffers smaller than
 // the records), and hostile inputs: every truncation, every flipped bit, absurd lengths.
 #include <gtest/gtest.h>
@@ -50,8 +51,8 @@ void check(const Sample& s, const feedline::TFRecordIndex& idx) {
   ASSERT_EQ(idx.offsets.size(), s.payloads.size());
   for (std::size_t i = 0; i < s.payloads.size(); ++i) {
     ASSERT_EQ(static_cast<std::size_t>(idx.lengths[i]), s.payloads[i].size());
-    EXPECT_TRUE(std::equal(s.payloads[i].begin(), s.payloads[i].end(),
-                           s.file.begin() + idx.offsets[i]));
+    EXPECT_TRUE(
+        std::equal(s.payloads[i].begin(), s.payloads[i].end(), s.file.begin() + idx.offsets[i]));
   }
 }
 
@@ -92,7 +93,8 @@ TEST(TFRecord, MissingFileIsStorageFailure) {
 TEST(TFRecord, EveryTruncationIsCorrupt) {
   Sample s = make(6, 40, 3);
   std::vector<std::size_t> ends{0};
-  for (std::size_t i = 0; i < s.payloads.size(); ++i) ends.push_back(ends.back() + 16 + s.payloads[i].size());
+  for (std::size_t i = 0; i < s.payloads.size(); ++i)
+    ends.push_back(ends.back() + 16 + s.payloads[i].size());
   for (std::size_t cut = 0; cut < s.file.size(); ++cut) {
     const bool boundary = std::find(ends.begin(), ends.end(), cut) != ends.end();
     if (boundary) {
@@ -115,7 +117,8 @@ TEST(TFRecord, EveryFlippedBitIsDetected) {
     for (int bit = 0; bit < 8; ++bit) {
       auto bad = s.file;
       bad[byte] ^= static_cast<std::uint8_t>(1u << bit);
-      EXPECT_THROW(feedline::scan_tfrecord_bytes(bad.data(), bad.size(), "f"), feedline::CorruptData)
+      EXPECT_THROW(feedline::scan_tfrecord_bytes(bad.data(), bad.size(), "f"),
+                   feedline::CorruptData)
           << byte << ":" << bit;
     }
   }

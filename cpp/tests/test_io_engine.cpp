@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The I/O engine against real files: every method returns the files' bytes, errors are
 // typed and name the file, the pool survives concurrency and idle destruction.
 #include <gtest/gtest.h>
@@ -12,13 +13,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <iterator>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -53,8 +54,8 @@ class TempFiles {
     std::vector<unsigned char> bytes(size);
     for (auto& b : bytes) b = static_cast<unsigned char>(rng());
     const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                static_cast<std::streamsize>(size));
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(size));
     contents.push_back(std::move(bytes));
     return path;
   }
@@ -102,7 +103,8 @@ void expect_bytes(const TempFiles& t, const Workload& w, const std::vector<unsig
   for (std::size_t i = 0; i < w.extents.size(); ++i) {
     const Extent& e = w.extents[i];
     const auto& src = t.contents[static_cast<std::size_t>(e.file_id)];
-    ASSERT_EQ(0, std::memcmp(buf.data() + w.dest[i], src.data() + e.offset, static_cast<std::size_t>(e.length)))
+    ASSERT_EQ(0, std::memcmp(buf.data() + w.dest[i], src.data() + e.offset,
+                             static_cast<std::size_t>(e.length)))
         << "extent " << i << " file " << e.file_id << " @" << e.offset << " +" << e.length;
   }
 }
@@ -121,7 +123,8 @@ TEST_P(EngineMethods, RandomExtentsGiveTheFilesBytes) {
   TempFiles t;
   const std::vector<std::size_t> sizes{300'001, 65'536, 4'097, 1};
   std::vector<std::string> paths;
-  for (std::size_t i = 0; i < sizes.size(); ++i) paths.push_back(t.make("f" + std::to_string(i), sizes[i], 7 + i));
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    paths.push_back(t.make("f" + std::to_string(i), sizes[i], 7 + i));
   const Workload w = random_workload(sizes, 400, 11, 70'000);
   IoEngine engine(paths, opts(GetParam()));
   std::vector<unsigned char> buf(w.buffer_bytes, 0xEE);
@@ -156,7 +159,8 @@ TEST_P(EngineMethods, PackedWhenNoDestinations) {
   engine.read(ex, buf.data(), buf.size());
   std::size_t at = 0;
   for (const auto& e : ex) {
-    EXPECT_EQ(0, std::memcmp(buf.data() + at, t.contents[0].data() + e.offset, static_cast<std::size_t>(e.length)));
+    EXPECT_EQ(0, std::memcmp(buf.data() + at, t.contents[0].data() + e.offset,
+                             static_cast<std::size_t>(e.length)));
     at += static_cast<std::size_t>(e.length);
   }
 }
@@ -303,8 +307,8 @@ TEST(IoEngine, TransientEioIsRetriedUntilItSucceeds) {
   IoEngine engine({"/proc/self/mem"}, o);  // first: its thread stacks are mapped now
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   // The middle page of a freed 64-page hole: unlikely to be reused in the meantime.
-  auto* hole = static_cast<unsigned char*>(::mmap(nullptr, 64 * page, PROT_READ | PROT_WRITE,
-                                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* hole = static_cast<unsigned char*>(
+      ::mmap(nullptr, 64 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(static_cast<void*>(hole), MAP_FAILED);
   ::munmap(hole, 64 * page);
   void* probe = hole + 32 * page;
@@ -312,7 +316,8 @@ TEST(IoEngine, TransientEioIsRetriedUntilItSucceeds) {
   std::vector<unsigned char> buf(128);
   const Extent e{0, static_cast<std::int64_t>(addr), 128};
   auto fut = engine.submit({&e, 1}, buf.data(), buf.size());
-  while (engine.stats().retries == 0 && !fut.done()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  while (engine.stats().retries == 0 && !fut.done())
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   void* p = ::mmap(probe, page, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
   if (p != probe) {
@@ -344,17 +349,20 @@ TEST(IoEngine, ManyConcurrentSubmissions) {
         std::vector<std::vector<unsigned char>> bufs;
         std::vector<feedline::IoFuture> futs;
         for (int k = 0; k < kEach; ++k) {
-          work.push_back(random_workload(sizes, 40, static_cast<std::uint32_t>(c * 100 + k), 20'000));
+          work.push_back(
+              random_workload(sizes, 40, static_cast<std::uint32_t>(c * 100 + k), 20'000));
           bufs.emplace_back(work.back().buffer_bytes);
         }
         for (int k = 0; k < kEach; ++k) {
-          futs.push_back(engine.submit(work[k].extents, bufs[k].data(), bufs[k].size(), work[k].dest));
+          futs.push_back(
+              engine.submit(work[k].extents, bufs[k].data(), bufs[k].size(), work[k].dest));
         }
         for (int k = 0; k < kEach; ++k) {
           payload += futs[k].get().bytes;
           for (std::size_t i = 0; i < work[k].extents.size(); ++i) {
             const Extent& e = work[k].extents[i];
-            if (std::memcmp(bufs[k].data() + work[k].dest[i], t.contents[e.file_id].data() + e.offset,
+            if (std::memcmp(bufs[k].data() + work[k].dest[i],
+                            t.contents[e.file_id].data() + e.offset,
                             static_cast<std::size_t>(e.length)) != 0) {
               ++bad;
             }

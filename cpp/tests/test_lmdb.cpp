@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LMDB parser tests on byte images crafted here (no liblmdb): parse results for
 // several page sizes, meta selection, and every error path of hostile input.
 #include <gtest/gtest.h>
@@ -208,7 +209,8 @@ void expect_index_matches(const Built& b, const L::Index& idx) {
   ASSERT_EQ(idx.offsets.size(), b.recs.size());
   ASSERT_EQ(idx.key_starts.size(), b.recs.size() + 1);
   for (std::size_t i = 0; i < b.recs.size(); ++i) {
-    const std::string k(idx.key_blob.begin() + idx.key_starts[i], idx.key_blob.begin() + idx.key_starts[i + 1]);
+    const std::string k(idx.key_blob.begin() + idx.key_starts[i],
+                        idx.key_blob.begin() + idx.key_starts[i + 1]);
     EXPECT_EQ(k, b.recs[i].key);
     ASSERT_EQ(static_cast<std::size_t>(idx.lengths[i]), b.recs[i].value.size());
     const std::string v(b.img.bytes.begin() + idx.offsets[i],
@@ -231,7 +233,8 @@ void expect_corrupt(const Image& img, Fn&& fn, const char* what) {
 }
 
 void expect_corrupt(const Image& img, const char* what) {
-  expect_corrupt(img, [](const std::string& p) { (void)L::index_lmdb(p); }, what);
+  expect_corrupt(
+      img, [](const std::string& p) { (void)L::index_lmdb(p); }, what);
 }
 
 void expect_unsupported(const Image& img, const char* what) {
@@ -263,7 +266,8 @@ TEST_P(LmdbPageSizes, IndexesTwoLevelTree) {
   EXPECT_LE(idx.stats.bytes_read, 2 * 152 + 5ull * ps);
 }
 
-INSTANTIATE_TEST_SUITE_P(PageSizes, LmdbPageSizes, ::testing::Values(512u, 1024u, 4096u, 8192u, 32768u));
+INSTANTIATE_TEST_SUITE_P(PageSizes, LmdbPageSizes,
+                         ::testing::Values(512u, 1024u, 4096u, 8192u, 32768u));
 
 TEST(Lmdb, VerifyOverflowReadsRunHeaders) {
   Built b = build(4096);
@@ -338,7 +342,8 @@ TEST(Lmdb, IntegerAndReverseKeyOrders) {
   expect_corrupt(img, "integer keys read in byte order");
 
   Image rev(4096);
-  const std::uint64_t rp = rev.leaf({{"ba", "1"}, {"ab", "2"}, {"bb", "3"}});  // ordered by last byte
+  const std::uint64_t rp =
+      rev.leaf({{"ba", "1"}, {"ab", "2"}, {"bb", "3"}});  // ordered by last byte
   rev.meta(0, 1, rp, 1, 0x02);
   rev.meta(1, 0, L::kInvalidPage, 0);
   {
@@ -377,8 +382,8 @@ TEST(Lmdb, SeekAndAdvance) {
 
 TEST(LmdbHostile, Truncated) {
   Built b = build(4096);
-  for (std::size_t cut : {std::size_t{0}, std::size_t{100}, std::size_t{4096 + 50}, std::size_t{8192},
-                          b.img.bytes.size() - 4096, b.img.bytes.size() - 1}) {
+  for (std::size_t cut : {std::size_t{0}, std::size_t{100}, std::size_t{4096 + 50},
+                          std::size_t{8192}, b.img.bytes.size() - 4096, b.img.bytes.size() - 1}) {
     Image t = b.img;
     t.bytes.resize(cut);
     expect_corrupt(t, ("truncated at " + std::to_string(cut)).c_str());
@@ -454,7 +459,8 @@ TEST(LmdbHostile, BranchPointers) {
   expect_corrupt(with_child(b.leaf_pgnos[0]), "shared child");
   Image cyc = with_child(b.root);
   expect_corrupt(cyc, "cycle to the root");
-  expect_corrupt(cyc, [](const std::string& p) { L::LmdbFile(p).seek(11); }, "cycle in a seek");
+  expect_corrupt(
+      cyc, [](const std::string& p) { L::LmdbFile(p).seek(11); }, "cycle in a seek");
 }
 
 TEST(LmdbHostile, OverflowRunsOffTheFile) {
@@ -481,11 +487,14 @@ TEST(LmdbHostile, OverflowRunsOffTheFile) {
     Image t = b.img;  // run header damaged, found with verify_overflow
     const std::uint64_t ov = *reinterpret_cast<const std::uint64_t*>(&t.bytes[leaf + ptr + 8 + ks]);
     put<std::uint16_t>(t.bytes, t.at(ov) + 10, kLeaf);
-    expect_corrupt(t, [](const std::string& p) {
-      L::IndexOptions o;
-      o.verify_overflow = true;
-      (void)L::index_lmdb(p, o);
-    }, "overflow header");
+    expect_corrupt(
+        t,
+        [](const std::string& p) {
+          L::IndexOptions o;
+          o.verify_overflow = true;
+          (void)L::index_lmdb(p, o);
+        },
+        "overflow header");
   }
 }
 
@@ -596,11 +605,14 @@ namespace {
 
 void expect_corrupt_everywhere(const Image& img, const char* what, bool run_headers = false) {
   if (run_headers) {  // the indexer reads overflow run headers only when asked to
-    expect_corrupt(img, [](const std::string& p) {
-      L::IndexOptions o;
-      o.verify_overflow = true;
-      (void)L::index_lmdb(p, o);
-    }, what);
+    expect_corrupt(
+        img,
+        [](const std::string& p) {
+          L::IndexOptions o;
+          o.verify_overflow = true;
+          (void)L::index_lmdb(p, o);
+        },
+        what);
   } else {
     expect_corrupt(img, what);
   }
@@ -667,7 +679,8 @@ TEST(LmdbCve, OverflowPages) {
   const std::size_t leaf = b.img.at(b.leaf_pgnos[1]);  // slot 0 holds a big value
   const std::uint16_t ptr = slot(b.img, b.leaf_pgnos[1], 0);
   const std::uint16_t ks = *reinterpret_cast<const std::uint16_t*>(&b.img.bytes[leaf + ptr + 6]);
-  const std::uint64_t ov = *reinterpret_cast<const std::uint64_t*>(&b.img.bytes[leaf + ptr + 8 + ks]);
+  const std::uint64_t ov =
+      *reinterpret_cast<const std::uint64_t*>(&b.img.bytes[leaf + ptr + 8 + ks]);
   {
     Image t = b.img;  // page number + run length wraps around 2^64
     put<std::uint64_t>(t.bytes, leaf + ptr + 8 + ks, ~std::uint64_t{0} - 1);

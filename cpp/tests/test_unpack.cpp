@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compressed spans: HDF5 chunk filters (deflate, shuffle, LZF) and gzip TFRecord scan /
 // segment inflate, on well-formed data and on hostile data: every truncation, garbage,
 // flipped bits, absurd back-references. Run under ASan + UBSan in dev/test.
@@ -50,11 +51,11 @@ const int kShuffleDeflate[] = {2, 1};
 TEST(Unshuffle, InvertsHdf5ShuffleWithTail) {
   for (std::size_t item : {1u, 2u, 3u, 4u, 8u})
     for (std::size_t size : {0u, 5u, 63u, 64u, 1003u, 4096u, 4099u}) {
-    const Bytes x = smooth(size, 1);
-    Bytes back(x.size());
-    feedline::unshuffle(shuffle(x, item).data(), back.data(), x.size(), item);
-    EXPECT_EQ(back, x) << item << " " << size;
-  }
+      const Bytes x = smooth(size, 1);
+      Bytes back(x.size());
+      feedline::unshuffle(shuffle(x, item).data(), back.data(), x.size(), item);
+      EXPECT_EQ(back, x) << item << " " << size;
+    }
 }
 
 TEST(UnfilterChunk, ShuffleDeflateRoundTripAndMask) {
@@ -70,8 +71,8 @@ TEST(UnfilterChunk, ShuffleDeflateRoundTripAndMask) {
                                         2, 0b10, 4, out.data(), out.size(), scratch));
   EXPECT_EQ(out, x);
   // every filter skipped: stored as is, and must have the chunk's size
-  ASSERT_FALSE(feedline::unfilter_chunk(x.data(), x.size(), kShuffleDeflate, 2, 0b11, 4,
-                                        out.data(), out.size(), scratch));
+  ASSERT_FALSE(feedline::unfilter_chunk(x.data(), x.size(), kShuffleDeflate, 2, 0b11, 4, out.data(),
+                                        out.size(), scratch));
   EXPECT_EQ(out, x);
   EXPECT_TRUE(feedline::unfilter_chunk(x.data(), x.size() - 1, kShuffleDeflate, 2, 0b11, 4,
                                        out.data(), out.size(), scratch));
@@ -173,10 +174,11 @@ void expect_records(const Bytes& gz, const feedline::GzipTFRecordIndex& idx, con
     ASSERT_LE(a, b);
     ASSERT_LE(b, gz.size());
     Bytes out(static_cast<std::size_t>(idx.out[seg]));
-    const std::uint8_t* win =
-        idx.window[seg] >= 0 ? idx.windows.data() + idx.window[seg] * feedline::kGzipWindow : nullptr;
-    auto err = feedline::inflate_segment(gz.data() + a, b - a, idx.bits[seg], win, out.data(),
-                                         out.size());
+    const std::uint8_t* win = idx.window[seg] >= 0
+                                  ? idx.windows.data() + idx.window[seg] * feedline::kGzipWindow
+                                  : nullptr;
+    auto err =
+        feedline::inflate_segment(gz.data() + a, b - a, idx.bits[seg], win, out.data(), out.size());
     ASSERT_FALSE(err) << *err;
     const auto at = static_cast<std::size_t>(idx.at[i]);
     ASSERT_LE(at + s.records[i].size() + 4, out.size());
@@ -233,7 +235,8 @@ TEST(GzipTFRecord, FlippedBitsThrowOrLeaveTheRecordsIntact) {
     Bytes bad = gz;
     bad[i] ^= 0x04;
     try {
-      const auto idx = feedline::scan_gzip_tfrecord_bytes(bad.data(), bad.size(), "flip", 65536, true);
+      const auto idx =
+          feedline::scan_gzip_tfrecord_bytes(bad.data(), bad.size(), "flip", 65536, true);
       expect_records(bad, idx, s);  // e.g. the gzip header's mtime byte
     } catch (const feedline::CorruptData&) {
     }
@@ -258,7 +261,8 @@ TEST(InflateSegment, TruncatedGarbageAndBadArguments) {
   const Stream s = frames(30, 6);
   const Bytes gz = zlib_compress(s.plain, 31);
   Bytes out(s.plain.size());
-  ASSERT_FALSE(feedline::inflate_segment(gz.data(), gz.size(), -1, nullptr, out.data(), out.size()));
+  ASSERT_FALSE(
+      feedline::inflate_segment(gz.data(), gz.size(), -1, nullptr, out.data(), out.size()));
   EXPECT_EQ(out, s.plain);
   for (std::size_t cut = 0; cut < gz.size(); cut += 97)
     EXPECT_TRUE(feedline::inflate_segment(gz.data(), cut, -1, nullptr, out.data(), out.size()));
@@ -267,8 +271,8 @@ TEST(InflateSegment, TruncatedGarbageAndBadArguments) {
   for (int k = 0; k < 100; ++k) {
     Bytes junk(1 + rng() % 2000);
     for (auto& b : junk) b = static_cast<std::uint8_t>(rng());
-    (void)feedline::inflate_segment(junk.data(), junk.size(), static_cast<int>(rng() % 8), win.data(),
-                                    out.data(), out.size());
+    (void)feedline::inflate_segment(junk.data(), junk.size(), static_cast<int>(rng() % 8),
+                                    win.data(), out.data(), out.size());
   }
   EXPECT_TRUE(feedline::inflate_segment(gz.data(), gz.size(), 3, nullptr, out.data(), 10));
   EXPECT_TRUE(feedline::inflate_segment(gz.data(), gz.size(), 9, win.data(), out.data(), 10));

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file codecs.hpp
  * @brief Record codecs of the native core: CRC32C, the TFRecord frame scanner and the
@@ -59,7 +60,7 @@ std::uint32_t crc32c_sse42(const void* data, std::size_t n, std::uint32_t crc) n
 /// @brief How scan_tfrecord() reads.
 struct TFRecordScanOptions {
   std::size_t buffer_bytes = std::size_t{8} << 20;  ///< size of each sequential pread
-  bool verify_data = true;  ///< check every payload CRC (reads every byte)
+  bool verify_data = true;                          ///< check every payload CRC (reads every byte)
 };
 
 /**

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file errors.hpp
  * @brief Typed failures raised by the native core; the bindings translate them to
@@ -27,7 +28,8 @@ class CorruptData : public std::runtime_error {
 class Unsupported : public std::runtime_error {
  public:
   Unsupported(std::string path, std::string reason)
-      : std::runtime_error(path + ": " + reason), path(std::move(path)), reason(std::move(reason)) {}
+      : std::runtime_error(path + ": " + reason), path(std::move(path)), reason(std::move(reason)) {
+  }
   std::string path;
   std::string reason;
 };
@@ -35,7 +37,7 @@ class Unsupported : public std::runtime_error {
 /// @brief A persistent I/O failure (after retries): file, offset and errno.
 class StorageFailure : public std::runtime_error {
  public:
-  StorageFailure(std::string path, std::uint64_t offset, int err, std::string what)
+  StorageFailure(std::string path, std::uint64_t offset, int err, const std::string& what)
       : std::runtime_error(path + " @ " + std::to_string(offset) + ": " + what),
         path(std::move(path)), offset(offset), err(err) {}
   std::string path;

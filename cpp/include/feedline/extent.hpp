@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file extent.hpp
  * @brief The byte range every layer of feedline speaks: which file, where, how long.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file io_engine.hpp
  * @brief The native I/O engine: a pool of threads that executes lists of extents into
@@ -32,10 +33,10 @@ struct EngineState;
 
 /// @brief How the engine moves bytes from a file into a buffer.
 enum class IoMethod : int {
-  pread,    ///< buffered `pread(2)` through the page cache
-  odirect,  ///< `O_DIRECT` reads into aligned bounce buffers (or straight into the
-            ///< destination when it is aligned); buffered where the file system refuses
-  mmap,     ///< `memcpy` from a read-only mapping: the reactive-paging baseline
+  pread,         ///< buffered `pread(2)` through the page cache
+  odirect,       ///< `O_DIRECT` reads into aligned bounce buffers (or straight into the
+                 ///< destination when it is aligned); buffered where the file system refuses
+  mmap,          ///< `memcpy` from a read-only mapping: the reactive-paging baseline
   pread_random,  ///< buffered `pread(2)` with the kernel's read-ahead off
                  ///< (`POSIX_FADV_RANDOM`): large scattered reads (tiles) that read-ahead
                  ///< past their ends would only waste bandwidth on
@@ -65,12 +66,12 @@ const char* to_string(FileMode mode) noexcept;
 
 /// @brief Engine configuration (see feedline.defaults for the Python-side defaults).
 struct IoOptions {
-  unsigned threads = 4;                      ///< I/O threads, >= 1
-  IoMethod method = IoMethod::pread;         ///< how bytes are read
-  std::size_t chunk_bytes = 8u << 20;        ///< largest single read; >= 4096
-  std::size_t alignment = 0;                 ///< O_DIRECT alignment; 0: ask the file
-                                             ///< system (statx DIOALIGN), 4096 if unknown
-  unsigned max_retries = 3;                  ///< retries of a transient error (EIO...)
+  unsigned threads = 4;                           ///< I/O threads, >= 1
+  IoMethod method = IoMethod::pread;              ///< how bytes are read
+  std::size_t chunk_bytes = 8u << 20;             ///< largest single read; >= 4096
+  std::size_t alignment = 0;                      ///< O_DIRECT alignment; 0: ask the file
+                                                  ///< system (statx DIOALIGN), 4096 if unknown
+  unsigned max_retries = 3;                       ///< retries of a transient error (EIO...)
   std::chrono::microseconds retry_backoff{1000};  ///< first back-off, doubled per retry
 };
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file lmdb.hpp
  * @brief A native reader of LMDB's on-disk B+tree (liblmdb 0.9 data format, 64-bit,
@@ -31,27 +32,27 @@ inline constexpr std::uint64_t kInvalidPage = ~std::uint64_t{0};
 
 /// @brief One of the two databases described by a meta page (MDB_db).
 struct DbInfo {
-  std::uint16_t flags = 0;             ///< MDB_INTEGERKEY, MDB_REVERSEKEY, ...
-  std::uint16_t depth = 0;             ///< tree depth (0 when empty)
+  std::uint16_t flags = 0;  ///< MDB_INTEGERKEY, MDB_REVERSEKEY, ...
+  std::uint16_t depth = 0;  ///< tree depth (0 when empty)
   std::uint64_t branch_pages = 0;
   std::uint64_t leaf_pages = 0;
   std::uint64_t overflow_pages = 0;
   std::uint64_t entries = 0;
-  std::uint64_t root = kInvalidPage;   ///< root page number, kInvalidPage when empty
+  std::uint64_t root = kInvalidPage;  ///< root page number, kInvalidPage when empty
 };
 
 /// @brief The meta page that was selected (the valid one with the larger txnid).
 struct Meta {
-  std::uint32_t page_size = 0;         ///< mm_psize
-  std::uint32_t version = 0;           ///< mm_version (1 for liblmdb 0.9)
-  std::uint64_t txnid = 0;             ///< last committed transaction
-  std::uint64_t last_pgno = 0;         ///< mm_last_pg
-  std::uint64_t map_size = 0;          ///< mm_mapsize (informational)
-  int meta_page = 0;                   ///< which meta page (0 or 1) was used
-  bool other_meta_valid = false;       ///< whether the other meta page was valid too
-  std::uint64_t file_bytes = 0;        ///< size of the file when opened
-  DbInfo free_db;                      ///< the free-page database (FREE_DBI)
-  DbInfo main_db;                      ///< the main database (MAIN_DBI)
+  std::uint32_t page_size = 0;    ///< mm_psize
+  std::uint32_t version = 0;      ///< mm_version (1 for liblmdb 0.9)
+  std::uint64_t txnid = 0;        ///< last committed transaction
+  std::uint64_t last_pgno = 0;    ///< mm_last_pg
+  std::uint64_t map_size = 0;     ///< mm_mapsize (informational)
+  int meta_page = 0;              ///< which meta page (0 or 1) was used
+  bool other_meta_valid = false;  ///< whether the other meta page was valid too
+  std::uint64_t file_bytes = 0;   ///< size of the file when opened
+  DbInfo free_db;                 ///< the free-page database (FREE_DBI)
+  DbInfo main_db;                 ///< the main database (MAIN_DBI)
 };
 
 /// @brief Page kinds that can be read through LmdbFile::read_page.
@@ -59,8 +60,8 @@ enum class PageKind : std::uint8_t { branch = 1, leaf = 2, overflow = 4, meta = 
 
 /// @brief One node (slot) of a branch or leaf page.
 struct Node {
-  std::uint16_t flags = 0;          ///< leaf: 0 or F_BIGDATA (1); branch: 0
-  std::uint32_t key_pos = 0;        ///< key's byte position inside Page::bytes
+  std::uint16_t flags = 0;    ///< leaf: 0 or F_BIGDATA (1); branch: 0
+  std::uint32_t key_pos = 0;  ///< key's byte position inside Page::bytes
   std::uint32_t key_size = 0;
   std::uint64_t child = 0;          ///< branch: child page number
   std::uint64_t value_offset = 0;   ///< leaf: absolute file offset of the value
@@ -73,18 +74,18 @@ struct Page {
   std::uint64_t pgno = 0;
   PageKind kind = PageKind::leaf;
   std::uint16_t flags = 0;
-  std::uint16_t lower = 0;            ///< branch/leaf: end of the slot array
-  std::uint16_t upper = 0;            ///< branch/leaf: start of the node area
-  std::uint32_t overflow_pages = 0;   ///< overflow: pages in the run
-  std::vector<Node> nodes;            ///< branch/leaf: in slot (= key) order
-  std::vector<std::uint8_t> bytes;    ///< the raw page (page_size bytes)
+  std::uint16_t lower = 0;           ///< branch/leaf: end of the slot array
+  std::uint16_t upper = 0;           ///< branch/leaf: start of the node area
+  std::uint32_t overflow_pages = 0;  ///< overflow: pages in the run
+  std::vector<Node> nodes;           ///< branch/leaf: in slot (= key) order
+  std::vector<std::uint8_t> bytes;   ///< the raw page (page_size bytes)
 };
 
 /// @brief A position in the main tree: the path of (page, slot) from the root to a leaf.
 struct Cursor {
-  std::vector<std::uint64_t> pages;   ///< root ... leaf
-  std::vector<std::uint32_t> slots;   ///< slot taken in each page of `pages`
-  std::uint64_t record = 0;           ///< ordinal of the record the cursor points at
+  std::vector<std::uint64_t> pages;  ///< root ... leaf
+  std::vector<std::uint32_t> slots;  ///< slot taken in each page of `pages`
+  std::uint64_t record = 0;          ///< ordinal of the record the cursor points at
 };
 
 /// @brief Result of a cursor walk.
@@ -136,10 +137,10 @@ struct IndexStats {
 
 /// @brief Every record of the main database, in key order.
 struct Index {
-  std::vector<std::int64_t> offsets;    ///< absolute file offset of each value
-  std::vector<std::int64_t> lengths;    ///< value length
-  std::vector<std::uint8_t> key_blob;   ///< all keys, concatenated
-  std::vector<std::int64_t> key_starts; ///< N+1 positions into key_blob
+  std::vector<std::int64_t> offsets;     ///< absolute file offset of each value
+  std::vector<std::int64_t> lengths;     ///< value length
+  std::vector<std::uint8_t> key_blob;    ///< all keys, concatenated
+  std::vector<std::int64_t> key_starts;  ///< N+1 positions into key_blob
   IndexStats stats;
 };
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file unpack.hpp
  * @brief Compressed spans of the native core: HDF5 filtered chunks (deflate, byte
@@ -114,9 +115,9 @@ GzipTFRecordIndex scan_gzip_tfrecord_bytes(const std::uint8_t* data, std::size_t
  * @param out destination of @p out_size bytes
  * @return std::nullopt on success, else why the bytes are corrupt
  */
-std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t in_size,
-                                           int bits, const std::uint8_t* window,
-                                           std::uint8_t* out, std::size_t out_size);
+std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t in_size, int bits,
+                                           const std::uint8_t* window, std::uint8_t* out,
+                                           std::size_t out_size);
 
 /**
  * @brief Check the TFRecord payload CRCs of unpacked records.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /** @file version.hpp @brief Version of the native core. */
 #pragma once
 namespace feedline {

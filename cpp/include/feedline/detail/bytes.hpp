@@ -28,7 +28,7 @@ inline std::uint32_t load_u32(const std::uint8_t* p) {
 /// @brief "0x%08x" of @p v, for error messages.
 inline std::string hex(std::uint32_t v) {
   char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  (void)std::snprintf(buf, sizeof buf, "0x%08x", v);  // 10 characters: always fits
   return buf;
 }
 

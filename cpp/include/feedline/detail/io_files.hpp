@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file io_files.hpp
  * @brief Private: the engine's file table — paths opened lazily, once, into a buffered

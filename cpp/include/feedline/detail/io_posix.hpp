@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file io_posix.hpp
  * @brief Private: the one read loop every engine method uses (short reads continued,
@@ -16,12 +17,12 @@ namespace feedline::detail {
 
 /// @brief Retry policy and the counters a read loop adds to.
 struct ReadContext {
-  const std::string* path = nullptr;         ///< for error messages
-  unsigned max_retries = 3;                  ///< transient errors retried this often
-  std::chrono::microseconds backoff{1000};   ///< first back-off, doubled per retry
+  const std::string* path = nullptr;                   ///< for error messages
+  unsigned max_retries = 3;                            ///< transient errors retried this often
+  std::chrono::microseconds backoff{1000};             ///< first back-off, doubled per retry
   std::atomic<std::uint64_t>* live_retries = nullptr;  ///< engine counter (may be null)
-  std::uint64_t ops = 0;                     ///< read system calls issued
-  std::uint64_t retries = 0;                 ///< transient errors retried
+  std::uint64_t ops = 0;                               ///< read system calls issued
+  std::uint64_t retries = 0;                           ///< transient errors retried
 };
 
 /// @brief Thrown by pread_full() when an `O_DIRECT` read fails with EINVAL.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file lmdb_format.hpp
  * @brief Private: LMDB 0.9 on-disk constants (64-bit layout), little-endian loads,
@@ -115,7 +116,7 @@ struct PageContext {
   std::uint32_t page_size = 0;
   std::uint64_t last_pgno = 0;
   std::uint64_t file_bytes = 0;
-  bool free_db = false;   ///< walking FREE_DBI (8-byte integer keys, IDL values)
+  bool free_db = false;  ///< walking FREE_DBI (8-byte integer keys, IDL values)
 };
 
 /**
