@@ -123,11 +123,11 @@ class Loader:
             raise ConfigError("transform must be callable: transform(batch) -> batch")
         if decode is not None and not isinstance(decode, bool):
             raise ConfigError(f"decode must be True, False or None, not {decode!r}")
-        self.batch_size = batch_size
-        self.preset = preset if isinstance(preset, str) else "custom"
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
-        self.transform = transform
+        self.batch_size: int = batch_size
+        self.preset: str = preset if isinstance(preset, str) else "custom"
+        self.seed: int = int(seed)
+        self.drop_last: bool = bool(drop_last)
+        self.transform: Any = transform
         explicit_source = options.pop("source", None)
         profile = options.pop("profile", None)
         nodes = pipeline_options({"nodes": options["nodes"]} if "nodes" in options else {})[0]
@@ -136,28 +136,30 @@ class Loader:
         dataset = as_dataset(data, self.world.comm, options)
         opts, knobs = pipeline_options(options)
         self.options: PipelineOptions = opts
-        self.dataset = dataset
-        self._pid = os.getpid()
+        self.dataset: Any = dataset
+        self._pid: int = os.getpid()
         #: the job's failure channel (None on one rank): see feedline.dist.alarm
-        self._alarm = getattr(self.world.dist, "alarm", None)
+        self._alarm: Any = getattr(self.world.dist, "alarm", None)
         if self.world.dist is not None:
             self.world.dist.timeout_s = float(opts.timeout_s)
-        self._next_lock = threading.Lock()  # one consumer at a time (ConcurrencyError)
-        self._index = dataset.index
-        self.n = len(self._index)
-        self.decode = dataset.decodes if decode is None else decode
+        self._next_lock: threading.Lock = (
+            threading.Lock()
+        )  # one consumer at a time (ConcurrencyError)
+        self._index: Any = dataset.index
+        self.n: int = len(self._index)
+        self.decode: bool = dataset.decodes if decode is None else decode
         # the decoder is made at the first batch (a Datum decoder reads record 0 to learn
         # the shape: at construction an unreadable file would escape untyped, on one rank)
-        self._decoder = None
+        self._decoder: Any = None
         if self.drop_last and self.n and self.n < self.batch_size:
             raise ConfigError(
                 f"drop_last=True with a global batch of {self.batch_size} and {self.n} "
                 "samples leaves no step: lower batch_size or pass drop_last=False"
             )
-        self._source_name = source_name_for(self.preset, explicit_source)
+        self._source_name: str = source_name_for(self.preset, explicit_source)
         if self._source_name == "node" and self.world.dist is None:
             raise ConfigError("source='node' needs an MPI world (launch with mpiexec)")
-        self._knobs = dict(knobs)
+        self._knobs: dict[str, Any] = dict(knobs)
         self.strategy: Strategy = self._make_strategy(get_strategy(preset), knobs)
         if explicit_source is None and not self.strategy.auto:
             # the store knob picks the DeepIO store (or takes a deepio preset off it)
@@ -166,9 +168,9 @@ class Loader:
                     self._source_name = "store"
             elif self._source_name == "store":
                 self._source_name = "direct"
-        self.memory_cap = self._resolve_cap(memory_cap)
+        self.memory_cap: int = self._resolve_cap(memory_cap)
         #: the cost model's choice (``feedline`` preset), for stats() and explain()
-        self.choice = None
+        self.choice: Any = None
         self._state_strategy: tuple[int, Strategy] | None = None
         if self.strategy.auto:
             self._choose(profile, explicit_source)
@@ -185,25 +187,25 @@ class Loader:
             extra={"knobs": dict(knobs)},
         )
         self._source: Source = SOURCES[self._source_name](ctx)
-        self._epoch = 0
-        self._step = 0  # next step to deliver in this epoch
+        self._epoch: int = 0
+        self._step: int = 0  # next step to deliver in this epoch
         self._chain: list[list[int]] = [[self.world.size, self.world.nodes, 0]]
         self._run: EpochRun | None = None
         self._pool: ThreadPoolExecutor | None = None  # decode/transform workers, all passes
-        self._run_first = 0
+        self._run_first: int = 0
         self._rl: float | None = None
-        self._resumed = False
+        self._resumed: bool = False
         self._fingerprint: str | None = None
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed: bool = False
         self._broken: str | None = None  # why the Loader may not iterate again
-        self._exposed_s = 0.0
-        self._delivered = 0
-        self._samples = 0
-        self._payload = 0
-        self._decode_s = 0.0
-        self._ru0 = resource.getrusage(resource.RUSAGE_SELF)
-        self._t0 = time.perf_counter()
+        self._exposed_s: float = 0.0
+        self._delivered: int = 0
+        self._samples: int = 0
+        self._payload: int = 0
+        self._decode_s: float = 0.0
+        self._ru0: Any = resource.getrusage(resource.RUSAGE_SELF)
+        self._t0: float = time.perf_counter()
         self._check_memory()
         _LIVE.add(self)
 

@@ -673,6 +673,7 @@ def check_storage_error(
             merged.items,
             merged.count,
         )
+        assert error is not None
         return error
 
 

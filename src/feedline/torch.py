@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -226,7 +227,7 @@ def _warn_if_batched_again() -> None:
     """Warn when a torch DataLoader with ``batch_size`` not None iterates this dataset:
     it would collate feedline's sub-batches again (a leading dimension of 1 with the
     default ``batch_size=1``). Found from the DataLoader's fetcher up the stack."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(4):
         if frame is None:
             return

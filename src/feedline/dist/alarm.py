@@ -76,7 +76,7 @@ def unlink_mapped_shm(prefix: str = "/dev/shm/mpich_shm_") -> list[str]:
     there and leaves them in ``/dev/shm`` for good. Every local rank mapped them during
     ``MPI_Init`` (called after a collective, so all have), and the mappings stay valid
     without the names. Returns the paths removed."""
-    gone = []
+    gone: list[str] = []
     try:
         with open("/proc/self/maps") as f:
             paths = {ln.split(None, 5)[-1].strip() for ln in f if prefix in ln}

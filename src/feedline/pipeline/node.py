@@ -478,7 +478,7 @@ class NodeWindowSource(Source):
                         "ranks of a node must iterate the same epochs and steps"
                     )
                 break
-            for j in np.flatnonzero(rd < need):
+            for j in np.flatnonzero(rd < need).tolist():
                 if pos[self._reader_idx[j]] == _CLOSED:
                     raise NodePeerLeft(
                         self._readers[j],

@@ -243,7 +243,7 @@ class StoreSource(Source):
         self._kept = False  # a window was kept (not freed) at a vote: keep the comm too
         self._step = 0
         self._done_pass = True
-        self._st = {
+        self._st: dict[str, float] = {
             "rma_gets": 0,
             "rma_wait_s": 0.0,
             "rma_bytes": 0,
@@ -255,7 +255,7 @@ class StoreSource(Source):
         self._pause = defaults.get("poll_sleep_us") * 1e-6
         self._watch: Any = None  # PeerWatch of the store's communicator
         self._dead: str | None = None  # a peer died: why
-        self._pass_st = dict.fromkeys(_PASS_KEYS, 0)
+        self._pass_st: dict[str, float] = dict.fromkeys(_PASS_KEYS, 0)
 
     # ---------------------------------------------------------------- sizing
     def _sizing(self, plan) -> tuple[_Rounds, int, int]:
@@ -406,6 +406,7 @@ class StoreSource(Source):
             st.stage = 1  # C1 is done: whatever happens below, C2 comes next
             slot = r % self._nslots
             self._resident[slot] = None
+            assert self._rounds is not None
             try:
                 st.future = self._submit_share(self._rounds.ids(r), slot)
             except BaseException as e:  # C2 tells the others (even of a Ctrl-C here)
@@ -680,7 +681,7 @@ class StoreSource(Source):
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> dict[str, Any]:
-        st = (
+        st: dict[str, Any] = (
             self._reader.stats()
             if self._reader is not None
             else {"storage_bytes": 0, "storage_ops": 0, "io_s": 0.0}
