@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Check the cost model (src/feedline/plan/cost.py) against measured epochs, and fit its
 constants (docs/planner.md, "Calibration").
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python
+# SPDX-License-Identifier: Apache-2.0
 """Accelerator utilization (AU) of DLIO's workloads: DLIO's own loader vs feedline.
 
     dev/dlio_au.py [--ranks 2] [--root /tmp/dlio] [--epochs 2] [--only unet3d,resnet50]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Seconds per epoch of Loader presets under mpiexec, page cache emptied before every
 epoch (docs/loader.md, "The DeepIO store").
 

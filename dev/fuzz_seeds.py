@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Write the seed corpora of the fuzz targets (cpp/fuzz and tests/fuzz_py.py) to a directory.
 
 Seeds are generated, never stored in git: small valid files of every format (LMDB files
@@ -48,12 +49,12 @@ def _lmdb_seeds() -> list[bytes]:
 
 
 def _tfrecord_seeds() -> list[bytes]:
-    from feedline_tools.generate.writers import _frames
+    from feedline.formats.tfrecord import frames
 
     rng = np.random.default_rng(0)
     seeds = [b""]
     for n, ln in [(1, 0), (1, 10), (5, 100), (20, 3), (2, 3000)]:
-        seeds.append(_frames([rng.bytes(ln) for _ in range(n)]))
+        seeds.append(frames([rng.bytes(ln) for _ in range(n)]))
     seeds.append(seeds[3][:-3])  # truncated
     return seeds
 

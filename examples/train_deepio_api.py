@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Train a small CNN with DeepIO's portable API (§III-D): a seed file, each worker's
 index array, and mini-batches read through a storage backend — no Loader.
 

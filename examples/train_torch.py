@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Train a small CNN with PyTorch DDP on a feedline dataset, and resume mid-epoch.
 
     feedline make cifar10-large --samples 4096 --out /tmp/cifar_lmdb    # or --data below

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures. ``--full`` selects the full tier (tests marked ``full``); without it
 those tests are deselected, not skipped, so a default run never counts them."""
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """atheris (libFuzzer for Python) targets of feedline's Python parsers of untrusted bytes.
 
     python tests/fuzz_py.py TARGET [libFuzzer options] [CORPUS_DIR...]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package's shape (docs/architecture.md): the library a training job imports
 carries no tool, and the tools live beside it."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The benchmark harness: digest, assignment, peers, limit, report and the CLI (one rank).
 
 MPI launches are in test_bench_mpi.py."""
@@ -18,6 +19,7 @@ import pytest
 
 from feedline.errors import ConfigError
 from feedline.plan import FlatRecords
+from feedline.plan.layout import even_split
 from feedline_tools.bench import limit, report
 from feedline_tools.bench.digest import DeliveryRecorder, digest_of, gather_digest
 from feedline_tools.bench.harness import RunSpec, add_common_arguments, exit_code, run_scenario
@@ -29,7 +31,6 @@ from feedline_tools.bench.runners import (
     assignment,
     make_runner,
     records_index,
-    split,
 )
 from feedline_tools.bench.worker import execute
 
@@ -145,7 +146,7 @@ def test_assignment_is_exactly_once_with_equal_steps(kind, n, batch, ranks):
 
 def test_split_and_share_partition():
     for m, p in [(10, 3), (3, 5), (0, 2)]:
-        parts = [split(m, p, i) for i in range(p)]
+        parts = [even_split(m, p, i) for i in range(p)]
         assert parts[0][0] == 0 and parts[-1][1] == m
         assert all(parts[i][1] == parts[i + 1][0] for i in range(p - 1))
     for total, p in [(10_000, 3), (4096 * 5 + 7, 4), (100, 8)]:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench async`` at tiny sizes: every row runs, deliveries match the papers'
 orders byte for byte (digest from h5py and the planner), and the tables add up."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench deepio --quick`` (the CI smoke test of the DeepIO scenario)."""
 
 from __future__ import annotations

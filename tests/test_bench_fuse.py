@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The harness on the storage emulator: caches dropped through its control file before
 every run, per-node request counters in the stats."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The harness under real MPI: launched by ``--ranks N --nodes M``, and started by mpiexec."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench overhead`` at tiny sizes: pinned to one core, every row delivers the
 whole epoch, and the ratios refer to the DataLoader over per-sample preads."""
 

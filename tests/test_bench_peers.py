@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench peers`` at toy size: every row present (peers that are not installed
 say so), real deliveries checked for exactly-once and class mixing, and the measures of
 what was delivered computed correctly."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench shuffle`` at tiny sizes: RL of every plan, a real (tiny) training run
 per order, and DeepIO's calibration checkpoints."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Compressed science data: HDF5 filtered chunks (gzip/shuffle/lzf) and gzip TFRecord.
 
 Every preset must deliver exactly the bytes h5py, or a plain TFRecord reader over the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DatumDecoder: Caffe Datum records (raw, float_data, encoded PNG/JPEG) into batches.
 
 Records are written with a few lines of protobuf wire code local to this file (an

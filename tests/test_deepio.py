@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DeepIO beyond the store's mechanics: the opportunistic order, its RL, the store as a
 cost-model candidate, and the portable API (§III-C, §III-D)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline.defaults: the one reader of FEEDLINE_* variables, with set() and a context
 manager (docs/loader.md, "Defaults")."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline demo``: the quick demo end to end under real mpiexec (and the storage
 emulator when FUSE is usable), its table and JSON, and cleanup on exit, Ctrl-C and
 SIGTERM."""

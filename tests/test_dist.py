@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """World: single-process behaviour in-process, MPI behaviour under real mpiexec."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline.dlio: importable without DLIO, and DLIO's file lists become feedline datasets."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The FUSE storage emulator: node views, page caches, the cost model, accounting,
 control files, start/stop, and its refusal when it cannot run.
 

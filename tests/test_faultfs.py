@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The FUSE fault file system family (docs/reliability.md): the storage emulator injects
 EIO (transient and persistent), ESTALE and ENOENT after a good open, EINTR, short reads
 and 45 s stalls into the reads of a real mount; the Loader runs under real ``mpiexec``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The first hour of a new user (issue 17): their own data opens as they write it,
 decoding is detected, errors say what to do, arguments and saved states are checked."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Conformance tests every file format passes (one base class, one subclass per format).
 
 Each subclass writes a small dataset with the real writer of its format (numpy, h5py,

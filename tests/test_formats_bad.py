@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Bad input for every format: each must end in a typed error naming file and offset.
 
 Mutation sweeps (every truncation, every flipped bit) run in a subprocess with a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ``files`` format: a directory with one sample per file (DLIO's .npz / image files)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Quick coverage-guided fuzzing of every parser of untrusted bytes (``dev/fuzz``, a few
 seconds per target): the four libFuzzer targets of the native core under ASan + UBSan
 and the five atheris targets of the Python parsers. Skips only when clang's libFuzzer is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Index columns, sidecar round trip, fingerprints and staleness."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline index / inspect on generated datasets, checked against liblmdb and h5py,
 and generated datasets read back through open_dataset (the formats' indexers/decoders)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """StorageBackend conformance: every backend (and every method of the POSIX backend)
 passes the same tests. A new backend subclasses :class:`StorageBackendTests`."""
 

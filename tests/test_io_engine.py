@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The native I/O engine through its Python wrapper, on real files (ext4 under tmp_path,
 tmpfs /dev/shm, procfs): bytes, errors, fallback, GIL release, lifetime, statistics."""
 

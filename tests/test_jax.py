@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline.jax: host batches and global arrays (single process on the CPU device)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One launcher detector (feedline.dist.launch.detect) and everything that agrees with it.
 
 Each launcher's environment is monkeypatched and MPI is a stand-in module, so nothing

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The native LMDB indexer against liblmdb itself (py-lmdb as the oracle).
 
 Every test writes real LMDB environments with py-lmdb and checks that the keys the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Smoke test of ``feedline bench index`` at a tiny size: it runs, writes its JSON, the
 liblmdb cursor finds the same index, and the parser reads a small part of the file."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 16 item 7 (lmdb preset): liblmdb maps the file, so a truncated or damaged LMDB
 must become a CorruptDataError naming file, offset and reason — never a SIGBUS or a raw
 ``lmdb.Error`` — including when the damage happens after the index was built."""

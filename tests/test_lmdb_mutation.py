@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hostile input for the LMDB indexer: truncations and bit flips.
 
 A real LMDB (written by liblmdb) is damaged in thousands of ways — truncated at many

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Loader on real files: exactly-once delivery, bytes, presets, threads, errors, cap."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def run_epoch(loader: Loader) -> list[Batch]:
 
 
 def digest(batches_by_rank: list[list[Batch]]) -> str:
-    """DESIGN.md digest: rank, step, then per sample id, length and bytes."""
+    """The bench digest (docs/benchmarks.md): rank, step, then per sample id, length and bytes."""
     h = hashlib.sha256()
     for rank, batches in enumerate(batches_by_rank):
         for b in batches:

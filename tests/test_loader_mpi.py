@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Loader under real mpiexec (mpich wheel): every generated format, 1/2/4 ranks,
 emulated nodes, and resume at another world size."""
 

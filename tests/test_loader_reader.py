@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """coalesce + gather + the pread fallback: any extents come back byte-exact, in order."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedline import CorruptDataError, StorageError
-from feedline.pipeline.reader import ExtentReader, _PreadPool, coalesce, gather
+from feedline.pipeline.reader import ExtentReader, coalesce, gather
 
 FILES = [np.random.default_rng(i).integers(0, 256, 400, dtype=np.uint8) for i in range(3)]
 
@@ -46,22 +47,13 @@ def test_coalesced_reads_gather_every_record(extents, gap, per_sample, fixed):
     np.testing.assert_array_equal(gather(buf, c.src, c.lengths), want)
 
 
-def make_reader(paths, threads, kind):
-    reader = ExtentReader(paths, threads=threads)
-    if kind == "python":  # the fallback used when the native core is not built
-        reader._impl.close()
-        reader._impl = _PreadPool(paths, threads, "pread")
-    return reader
-
-
-@pytest.mark.parametrize("kind", ["native", "python"])
-def test_reader_reads_and_reports(tmp_path, kind):
+def test_reader_reads_and_reports(tmp_path):
     paths = []
     for i, data in enumerate(FILES):
         p = tmp_path / f"f{i}"
         p.write_bytes(data.tobytes())
         paths.append(str(p))
-    reader = make_reader(paths, 3, kind)
+    reader = ExtentReader(paths, threads=3)
     fid, off, ln = np.array([2, 0, 1, 0]), np.array([10, 0, 300, 50]), np.array([30, 20, 100, 5])
     c = coalesce(fid, off, ln, gap=0)
     buf = np.empty(c.buffer_bytes, np.uint8)
@@ -77,7 +69,7 @@ def test_reader_reads_and_reports(tmp_path, kind):
         reader.read(c.reads, np.empty(5, np.uint8))
     reader.close()
     try:
-        gone = make_reader([str(tmp_path / "missing")], 1, kind)
+        gone = ExtentReader([str(tmp_path / "missing")], threads=1)
     except StorageError:  # the native engine may open files eagerly
         return
     with pytest.raises(StorageError):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Dataset generators (feedline make), Datum encoding, CRC32C and progress bars.
 
 Oracles are real components: liblmdb (py-lmdb) for LMDB contents and commit counts,
@@ -16,6 +17,7 @@ import struct
 import numpy as np
 import pytest
 
+from crc32c_oracle import crc32c, crc32c_rows, mask
 from feedline.errors import ConfigError
 from feedline.formats.datum_write import (
     datum_prefix,
@@ -26,7 +28,6 @@ from feedline.formats.datum_write import (
 )
 from feedline.progress import process_rank, progress, should_show
 from feedline_tools.generate import MANIFEST, SPECS, read_manifest, run
-from feedline_tools.generate.crc32c import crc32c, crc32c_rows, mask
 from feedline_tools.make import generate
 
 core = pytest.importorskip("feedline._core")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline make`` on the command line: in-process via feedline.cli.main and as a program."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Memory sweep (issue 16): peak memory of every preset against the memory cap it
 accepted, at 1 and 4 ranks — 0 runs over the cap.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ``node`` source when the ranks of a node do not iterate in lockstep (real mpiexec,
 4 ranks on one emulated node, 2 readers): a rank that leaves early never hangs the
 others, and a reader's I/O error reaches every rank. See ``tests/mpi/node_departure.py``."""

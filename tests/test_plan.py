@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Planner invariants (pure; Hypothesis over world sizes, nodes, batch sizes, N)."""
 
 from __future__ import annotations

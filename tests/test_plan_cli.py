@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline plan`` and the vectorised plan statistics behind it."""
 
 from __future__ import annotations

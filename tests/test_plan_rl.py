@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DeepIO randomization level: calibration against the paper and basic properties."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The column layout's byte-sized tiles (``Strategy.chunk_bytes``, docs/planner.md "Tiles")."""
 
 from __future__ import annotations

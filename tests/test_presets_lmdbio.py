@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The LMDBIO and MPI-Caffe presets through the Loader: identical bytes under real
 mpiexec, the page walker against liblmdb and the native parser, seek-free PROV proven
 by the bytes read, DM speculation converging, and the per-rank statistics."""

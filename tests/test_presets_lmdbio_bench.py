@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench lmdbio --quick``: every preset side by side under mpiexec, artefacts."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline probe``: a measured storage profile, saved per file system and used by the
 planner; an emulator mount reports its own profile."""
 

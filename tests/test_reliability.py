@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Loader's concurrency contract and failure knobs, in one process (docs/loader.md,
 "Concurrency", and docs/reliability.md): two threads iterating one Loader raise a clear
 error and never deliver wrong bytes, for every preset; a fork after first use works in

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Never hang (docs/reliability.md), under real ``mpiexec`` with 4 ranks on 2 emulated
 nodes: a persistent I/O error on one rank raises a typed error on every rank (error
 agreement) for every non-store preset, whether the error escapes or is caught; a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Exact resume: checkpoint at every step, resume bit-exactly, or at another world size.
 
 Ranks of one job are simulated in one process (``LoaderWorld(rank, size)``): plans are

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 16 item 6: the index sidecar is not trusted.
 
 A sidecar edited in place never yields wrong samples (its CRC32C no longer matches: the

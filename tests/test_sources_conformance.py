@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 14 item 2: every source, registered by name in one table, passes one conformance
 suite (:mod:`feedline.testing`): exactly once per epoch across ranks, the plan's order,
 lengths and bytes, resume mid-epoch, close twice and use after close, and a typed error

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Saved loader states found by fuzzing (tests/fuzz_py.py state): well-sealed states whose
 fields name an impossible world, or a world change after the state's own step, were
 accepted by ``load_state_dict`` and failed only at the next step (``ConfigError`` from

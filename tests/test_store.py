@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DeepIO's distributed in-memory store (``source="store"``, the ``deepio-*`` presets)."""
 
 from __future__ import annotations

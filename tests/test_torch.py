@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline.torch: tensors, DataLoader rules, pin_memory, torchrun worlds, state."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """examples/train_torch.py runs under mpiexec -n 2 and resumes mid-epoch exactly."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The window assignment and the cost model behind the ``feedline`` preset
 (``feedline/plan/assign_window.py``, ``feedline/plan/cost.py``, docs/planner.md)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline: training data at the speed of the storage, at any scale.
 
 >>> from feedline import Loader, open_dataset
@@ -7,6 +8,8 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
 from typing import Any
 
 from .dataset import Dataset, open_dataset
@@ -28,7 +31,10 @@ from .errors import (
 )
 from .index import Index
 
-__version__ = "0.1.0"
+try:  # one version: the installed distribution's (pyproject.toml)
+    __version__ = _dist_version("feedline")
+except PackageNotFoundError:  # pragma: no cover - a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 _LAZY = {
     "Loader": ("feedline.loader", "Loader"),

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the Loader delivers each step: :class:`Batch` (this rank's sub-batch)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ``feedline`` command line.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``, which

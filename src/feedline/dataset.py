@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Dataset: a format bound to files, with a lazily built (or cached) Index.
 
 ``open_dataset`` detects the format, validates options and returns a Dataset. The index
@@ -89,7 +90,7 @@ class Dataset:
         self.format: str = fmt.name
         self.files: list[str] = fmt.files
         self.root: str = fmt.root
-        self.options: dict[str, Any] = dict(fmt.options)
+        self.options: dict[str, Any] = dict(fmt.opts)
         self.comm = comm
         self.sidecar = sidecar
         self.on_stale: OnStale = on_stale

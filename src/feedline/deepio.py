@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DeepIO's portable API (§III-D): seeds in a file, per-worker index arrays, batches read
 through a storage backend.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One place for feedline's defaults: the only reader of ``FEEDLINE_*`` variables.
 
 ``defaults.get("memory_cap")`` returns, in this order: a value given to

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline as a data loader of the DLIO benchmark 2.x (and so of MLPerf Storage).
 
 ``dlio_benchmark ++workload.reader.data_loader_classname=feedline.dlio.Loader

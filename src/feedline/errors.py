@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline's exception hierarchy.
 
 Every failure a user can act on is a :class:`FeedlineError`. Data problems name the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Index: where every sample of a dataset lives, as numpy columns.
 
 Sample *i* is ``lengths[i]`` bytes at ``offsets[i]`` of ``files[file_ids[i]]``. Indexes are

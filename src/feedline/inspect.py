@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline index`` and ``feedline inspect``: build a dataset's index, explain its layout.
 
 ``feedline index PATH`` scans the dataset now (the format's indexer: LMDB tree pages,

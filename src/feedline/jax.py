@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """JAX adapter: host-local feedline batches, and global arrays across processes.
 
 In a multi-process JAX job every process (= feedline rank) holds its own part of the

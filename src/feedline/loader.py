@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Loader: a plan executed by a source, delivered as batches, with exact resume.
 
 Each epoch the Loader makes the pure plan of the epoch (``feedline.plan.make_plan``)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Progress bars for long work (index builds, dataset generation), over tqdm.
 
 A bar is shown only where someone can read it: on MPI rank 0 (or the only process),

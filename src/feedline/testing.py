@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Conformance checks for Loader sources: run them against your own source.
 
 A *source* (:mod:`feedline.pipeline.source`) brings one rank's raw records for each step

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch adapter: feedline batches as tensors, in an ``IterableDataset``.
 
 feedline already runs its own reader and decode threads and splits every global batch

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Byte sizes as users write them (``64MB``, ``64MiB``, ``2G``, ``2.5e9``, ``4096``) and
 as people read them (``1 B``, ``64.0 MiB``).
 

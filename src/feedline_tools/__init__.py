@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline's tools: benchmarks, the demo, dataset generators and the storage emulator's
 driver, reached through the same ``feedline`` command (``feedline bench``, ``feedline
 demo``, ``feedline make``, ``feedline emulate``).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline demo``: the Caffe/LMDB baseline and feedline's presets side by side.
 
 The demo writes a small ``cifar10-large``-shaped LMDB (3 KB Caffe Datums) into a cache
@@ -216,7 +217,7 @@ def build_runs(presets: Sequence[str], *, cursor: bool = True) -> list[Any]:
 def _source_of(run: dict[str, Any]) -> str:
     """Which executor delivered a run: the Loader's source (``direct``, ``node`` ...)."""
     extra = (run.get("stats") or {}).get("extra") or []
-    names = sorted({e.get("source") for e in extra if isinstance(e, dict) and e.get("source")})
+    names = sorted({str(e["source"]) for e in extra if isinstance(e, dict) and e.get("source")})
     if names:
         return "/".join(names)
     return "liblmdb" if run.get("runner") == "lmdb" else "-"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The physical limit, three ways: ``bench_read`` against ``dd iflag=direct`` and fio.
 
 ``python -m feedline_tools.io_bench FILE [--blocks 1M 8M] [--repeats 5] [--threads 1 2]``
@@ -71,13 +72,11 @@ def compare(
     path: str, blocks: list[int], repeats: int, threads: list[int]
 ) -> dict[str, list[float]]:
     """MB/s of every reader for every block size, *repeats* interleaved samples each."""
-    readers: list[tuple[str, Callable[[int], float]]] = [
-        (
-            f"feedline odirect, {t} thread(s)",
-            lambda b, t=t: bench_read(path, b, "odirect", threads=t).MBps,
-        )
-        for t in threads
-    ]
+
+    def engine(t: int) -> Callable[[int], float]:
+        return lambda b: bench_read(path, b, "odirect", threads=t).MBps
+
+    readers = [(f"feedline odirect, {t} thread(s)", engine(t)) for t in threads]
     if shutil.which("dd"):
         readers.append(("dd iflag=direct", lambda b: _dd(path, b)))
     if shutil.which("fio"):

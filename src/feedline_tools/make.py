@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline make``: synthetic datasets shaped like the papers', deterministic from a seed.
 
 Generators (``feedline make NAME --help`` for each one's options):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run under mpiexec: every LMDBIO / MPI-Caffe preset through the Loader; rank 0 writes
 what every rank delivered.
 

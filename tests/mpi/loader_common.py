@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers shared by the loader tests and their mpiexec scripts.
 
 ``make_records`` writes fixed-size records whose first 8 bytes are the sample id (the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run under mpiexec: every rank iterates a Loader; rank 0 writes what was delivered.
 
     loader_mpi.py OUT.json --data PATH[,PATH...] --presets P1,P2 --batch B

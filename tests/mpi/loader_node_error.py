@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Under mpiexec: a node reader's I/O error must reach every rank of the node, typed.
 
     loader_node_error.py DATASET_DIR

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Memory sweep probe: peak memory of each preset against the memory cap it accepted.
 
     memory_probe.py OUT.json --data DIR --cap BYTES|tight [--batch B] [--presets P1,P2] [--epochs E]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Under mpiexec (one emulated node): ranks of a node that do not iterate in lockstep.
 
     node_departure.py SCENARIO DATA_DIR N SIZE OUT_DIR

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Under mpiexec (or alone): one Loader pass with a fault or a killed rank; every rank
 reports how it ended. Used by tests/test_reliability_mpi.py and tests/test_faultfs.py.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run under mpiexec: World.share_index builds once, shares the sidecar or the arrays,
 and propagates errors from the builder to every rank.
 

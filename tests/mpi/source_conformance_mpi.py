@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run :mod:`feedline.testing`'s source checks, under mpiexec or in one process.
 
     source_conformance_mpi.py OUT.json CASES.json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Under mpiexec without the launcher's auto-cleanup: one rank of the DeepIO store is
 SIGKILLed mid-epoch; the survivors must raise StorePeerDied (or be aborted) quickly,
 never hang in MPI_Get or a collective.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Under mpiexec: the DeepIO in-memory store (``source="store"``, the ``deepio-*``
 presets) delivers what every rank reading for itself delivers, keeps R = 1 in memory
 across epochs, survives ranks leaving a pass early, resumes, and shares load errors.

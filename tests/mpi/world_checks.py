@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run under mpiexec: World structure, polite collectives, node windows, tokens.
 
 Usage: mpiexec -n P python world_checks.py NODES   (NODES 0 = real nodes, env = FEEDLINE_NODES)

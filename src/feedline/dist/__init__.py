@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Distribution over MPI: the only package that talks MPI (mpi4py, imported lazily)."""
 
 from __future__ import annotations

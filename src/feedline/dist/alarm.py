@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Error agreement that cannot hang: the alarm every feedline wait polls, peer liveness,
 and the exit guard.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Who started this process: the one launcher detector of feedline.
 
 :func:`detect` reads the launcher variables once, in one place, and every part of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Named MPI operations for the rest of the package (docs/architecture.md: MPI lives in
 ``dist/``). Callers outside ``dist/`` hold communicators and requests as opaque objects
 and act on them only through these functions (and :class:`~feedline.dist.world.World`),

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """World: ranks, nodes and the few MPI operations feedline needs — the only MPI code.
 
 mpi4py is imported lazily, only when a communicator is given or the launcher started

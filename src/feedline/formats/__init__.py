@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Dataset formats: indexers and decoders, registered by name.
 
 Formats register themselves on import; ``detect`` picks one from a path.

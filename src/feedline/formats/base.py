@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The format contract: turn dataset files into an Index, and records into arrays.
 
 A format is a small class registered by name. It resolves the user's path into a list
@@ -91,7 +92,11 @@ class Format(ABC):
                 f"format {self.name!r} does not take option(s) {sorted(unknown)}; "
                 f"it takes {list(self.options) or 'none'}"
             )
-        self.options = dict(options)  # type: ignore[misc]
+        #: the options given (a format may normalise them)
+        self.opts: dict[str, Any] = dict(options)
+        # the same dict as ``self.options`` for its readers (feedline.dataset); the class
+        # attribute of that name lists the accepted options
+        self.options = self.opts  # type: ignore[misc, assignment]  # an instance value over the ClassVar
         self.root, self.files = self.resolve(path)
 
     # ------------------------------------------------------------------ discovery
@@ -111,9 +116,7 @@ class Format(ABC):
 
     def sidecar_key(self) -> str:
         """Identifies what the index depends on besides file contents."""
-        blob = json.dumps(
-            {"format": self.name, "options": self.options}, sort_keys=True, default=str
-        )
+        blob = json.dumps({"format": self.name, "options": self.opts}, sort_keys=True, default=str)
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
     def make_decoder(self, index: Index) -> Decoder:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Caffe ``Datum`` records (the values of Caffe's LMDB/LevelDB datasets) into arrays.
 
 A Datum is a small protobuf: ``channels``, ``height``, ``width``, ``data`` (raw pixels,
@@ -51,11 +52,8 @@ def decode_image(buf, channels: int | None = None, order: ChannelOrder = "rgb") 
 
     try:
         with Image.open(io.BytesIO(bytes(buf))) as im:
-            if channels == 1 or (channels is None and im.mode in ("1", "L", "I;16", "I", "F")):
-                im = im.convert("L")
-            else:
-                im = im.convert("RGB")
-            arr = np.asarray(im, dtype=np.uint8)
+            grey = channels == 1 or (channels is None and im.mode in ("1", "L", "I;16", "I", "F"))
+            arr = np.asarray(im.convert("L" if grey else "RGB"), dtype=np.uint8)
     except Exception as e:  # Pillow raises many types on garbage; all mean "not an image"
         raise ValueError(f"cannot decode the encoded image: {type(e).__name__}: {e}") from None
     if arr.ndim == 2:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Encode Caffe ``Datum`` records exactly as Caffe serialises them.
 
 Caffe's ``Datum`` (proto2)::

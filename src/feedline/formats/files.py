@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A directory of files, one sample per file (``.npz``, ``.jpg``, ``.png``, ``.bin`` ...).
 
 DLIO's unet3d (``.npz``) and image workloads, and most "ImageFolder"-style datasets,
@@ -50,7 +51,7 @@ class FilesFormat(Format):
     options: ClassVar[tuple[str, ...]] = ("extensions", "labels")
 
     def resolve(self, path):
-        ext = self.options.get("extensions", EXTENSIONS)
+        ext = self.opts.get("extensions", EXTENSIONS)
         if isinstance(ext, str):
             ext = tuple(e.strip().lower() for e in ext.split(",") if e.strip())
         ext = tuple(ext)
@@ -88,7 +89,7 @@ class FilesFormat(Format):
         )
 
     def _labels(self, n: int) -> np.ndarray | None:
-        spec = self.options.get("labels")
+        spec = self.opts.get("labels")
         if spec is None:
             return None
         if spec == "dirname":

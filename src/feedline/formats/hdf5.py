@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """HDF5 files: samples are rows (first axis) of one dataset, read as raw byte ranges.
 
 h5py is used only for metadata: the dataset's layout, its file address
@@ -152,6 +153,35 @@ def dataset_filters(path: str, name: str, dset) -> list[tuple[int, list[int]]]:
     return out
 
 
+def _chunk_rows(path: str, name: str, dset) -> int:
+    """Rows per chunk of a chunked *dset*; its chunks must hold whole rows."""
+    chunks = tuple(dset.chunks)
+    if chunks[1:] != tuple(dset.shape[1:]):
+        raise UnsupportedFormatError(
+            path,
+            f"dataset {name!r} has chunks {chunks} that split samples of shape "
+            f"{tuple(dset.shape[1:])}; chunks must be (k, *row_shape); "
+            + _REPACK.format(name=name),
+        )
+    return int(chunks[0])
+
+
+def _stored_chunks(dset) -> list[tuple[int, int | None, int, int]]:
+    """``(first row, byte offset or None, stored bytes, filter mask)`` of every chunk of
+    *dset* in the file, in HDF5's order."""
+    stored: list[tuple[int, int | None, int, int]] = []
+
+    def take(info) -> None:
+        stored.append((info.chunk_offset[0], info.byte_offset, info.size, info.filter_mask))
+
+    if hasattr(dset.id, "chunk_iter"):
+        dset.id.chunk_iter(take)
+    else:  # pragma: no cover - older HDF5: O(chunks^2) but correct
+        for i in range(dset.id.get_num_chunks()):
+            take(dset.id.get_chunk_info(i))
+    return stored
+
+
 def filtered_chunks(
     path: str, name: str, dset, file_size: int, filters: list[tuple[int, list[int]]]
 ) -> dict[str, Any]:
@@ -163,30 +193,12 @@ def filtered_chunks(
     """
     n = int(dset.shape[0])
     row = math.prod(dset.shape[1:]) * dset.dtype.itemsize
-    chunks = tuple(dset.chunks)
-    if chunks[1:] != tuple(dset.shape[1:]):
-        raise UnsupportedFormatError(
-            path,
-            f"dataset {name!r} has chunks {chunks} that split samples of shape "
-            f"{tuple(dset.shape[1:])}; chunks must be (k, *row_shape); "
-            + _REPACK.format(name=name),
-        )
-    c = chunks[0]
-    stored: list[tuple[int, int | None, int, int]] = []
-
-    def take(info) -> None:
-        stored.append((info.chunk_offset[0], info.byte_offset, info.size, info.filter_mask))
-
-    if hasattr(dset.id, "chunk_iter"):
-        dset.id.chunk_iter(take)
-    else:  # pragma: no cover - older HDF5
-        for i in range(dset.id.get_num_chunks()):
-            take(dset.id.get_chunk_info(i))
-    stored.sort(key=lambda t: t[0])
+    c = _chunk_rows(path, name, dset)
+    stored = sorted(_stored_chunks(dset), key=lambda t: t[0])
     chunk = np.full(n, -1, dtype=np.int64)
     offset = np.zeros(n, dtype=np.int64)
     size = np.zeros(n, dtype=np.int64)
-    masks = []
+    masks: list[int] = []
     for first, byte_offset, nbytes, mask in stored:
         if byte_offset is None or first >= n:
             continue
@@ -273,27 +285,9 @@ def row_offsets(
                 f"dataset {name!r} is filtered ({', '.join(filters)}): rows have no byte range "
                 "of their own (the format unpacks whole chunks: see filtered_chunks)",
             )
-        chunks = tuple(dset.chunks)
-        if chunks[1:] != tuple(dset.shape[1:]):
-            raise UnsupportedFormatError(
-                path,
-                f"dataset {name!r} has chunks {chunks} that split samples of shape "
-                f"{tuple(dset.shape[1:])}; chunks must be (k, *row_shape); "
-                + _REPACK.format(name=name),
-            )
-        c = chunks[0]
+        c = _chunk_rows(path, name, dset)
         offsets = np.full(n, -1, dtype=np.int64)
-        stored = []
-
-        def take(info) -> None:
-            stored.append((info.chunk_offset[0], info.byte_offset, info.size))
-
-        if hasattr(dset.id, "chunk_iter"):
-            dset.id.chunk_iter(take)
-        else:  # pragma: no cover - older HDF5: O(chunks^2) but correct
-            for i in range(dset.id.get_num_chunks()):
-                take(dset.id.get_chunk_info(i))
-        for first, byte_offset, size in stored:
+        for first, byte_offset, size, _mask in _stored_chunks(dset):
             if byte_offset is None:
                 continue
             if size != c * row:
@@ -349,8 +343,8 @@ class HDF5Format(Format):
     options: ClassVar[tuple[str, ...]] = ("dataset", "labels")
 
     def build_index(self, progress: bool = False) -> Index:
-        data_opt = self.options.get("dataset")
-        label_opt = self.options.get("labels")
+        data_opt = self.opts.get("dataset")
+        label_opt = self.opts.get("labels")
         file_ids, offsets, labels = [], [], []
         chunks: list[dict[str, Any]] = []  # filtered datasets: filtered_chunks() per file
         pipeline0: Any = ()

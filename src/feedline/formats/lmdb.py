@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """LMDB datasets (``data.mdb``), indexed by a native parser of LMDB's on-disk B+tree.
 
 The indexer (``feedline._core.lmdb_index``) reads the two meta pages, keeps the newest
@@ -103,7 +104,7 @@ def index_lmdb(
     CorruptDataError, UnsupportedFormatError, StorageError
     """
     f = data_file(path)
-    opts = _core._LmdbIndexOptions()
+    opts = _core._LmdbIndexOptions()  # type: ignore[attr-defined]  # _core.pyi: stubgen omits _names
     opts.verify_overflow = bool(verify_overflow)
     opts.check_pages = bool(check_pages)
     opts.max_read_bytes = int(max_read_bytes)
@@ -166,8 +167,8 @@ class LmdbFormat(Format):
     def build_index(self, progress: bool = False) -> Index:
         return index_lmdb(
             self.files[0],
-            verify_overflow=bool(self.options.get("verify_overflow", False)),
-            check_pages=bool(self.options.get("check_pages", True)),
+            verify_overflow=bool(self.opts.get("verify_overflow", False)),
+            check_pages=bool(self.opts.get("check_pages", True)),
         )
 
     def make_decoder(self, index: Index) -> Decoder:
@@ -306,7 +307,7 @@ class LmdbFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = data_file(path)
-        self._impl = _core._LmdbFile(self.path)
+        self._impl = _core._LmdbFile(self.path)  # type: ignore[attr-defined]  # _core.pyi: stubgen omits _names
         m = self._impl.meta
         db = lambda d: {  # noqa: E731
             k: getattr(d, k)
@@ -391,7 +392,7 @@ class LmdbFile:
             raise ValueError("advance only moves forward")
         if cursor.record + n >= len(self):
             raise IndexError(f"record {cursor.record + n} out of range for {len(self)} records")
-        c = _core._LmdbCursor()
+        c = _core._LmdbCursor()  # type: ignore[attr-defined]  # _core.pyi: stubgen omits _names
         c.pages = list(cursor.pages)
         c.slots = list(cursor.slots)
         c.record = int(cursor.record)
@@ -412,7 +413,7 @@ class LmdbFile:
 
     def close(self) -> None:
         """Close the file descriptor."""
-        self._impl = None  # type: ignore[assignment]
+        self._impl = None
 
     def __enter__(self) -> LmdbFile:
         return self

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NumPy ``.npy`` files: one sample per row along the first axis.
 
 The header (magic, version 1/2/3, a Python-literal dict with ``descr``,
@@ -206,9 +207,9 @@ class NpyFormat(Format):
         root, files = super().resolve(path)
         default = os.path.join(root, DEFAULT_LABELS)
         if isinstance(path, str | os.PathLike) and os.path.isdir(path) and os.path.isfile(default):
-            if self.options.get("labels") is None:
-                self.options["labels"] = DEFAULT_LABELS  # type: ignore[index]
-            elif self.options.get("labels") is False:
+            if self.opts.get("labels") is None:
+                self.opts["labels"] = DEFAULT_LABELS
+            elif self.opts.get("labels") is False:
                 files = [f for f in files if os.path.abspath(f) != os.path.abspath(default)]
         self.label_files = self._label_files(root)
         if self.label_files:
@@ -218,7 +219,7 @@ class NpyFormat(Format):
         return root, files
 
     def _label_files(self, root: str) -> list[str]:
-        spec = self.options.get("labels")
+        spec = self.opts.get("labels")
         if spec is None or spec is False:
             return []
         items = list(spec) if isinstance(spec, list | tuple) else [spec]

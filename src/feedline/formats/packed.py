@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Unpacking compressed spans into records (HDF5 filtered chunks, gzip TFRecord segments).
 
 The read path is the same as for every format: the planner reads each sample's extent,
@@ -70,12 +71,15 @@ class Unpacker:
         if len(todo):
             f = first[todo]
             self._unpack(raw, starts[f], lengths[f], ids[f], uniq[todo], arrays, todo)
+        ready = [a for a in arrays if a is not None]
+        if len(ready) != len(arrays):  # pragma: no cover - _unpack fills every span
+            raise AssertionError("a span was not unpacked")
         size = p.size[ids]
         at = p.at[ids]
         out = np.empty(int(size.sum()), dtype=np.uint8)
         pos = 0
         for j, a, n in zip(inverse.reshape(-1).tolist(), at.tolist(), size.tolist(), strict=True):
-            out[pos : pos + n] = arrays[j][a : a + n]  # type: ignore[index]
+            out[pos : pos + n] = ready[j][a : a + n]
             pos += n
         return out, size
 

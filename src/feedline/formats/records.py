@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixed-length binary records (CIFAR-10 binary and the like).
 
 Every file is ``header_bytes`` of header followed by records of exactly ``record_bytes``
@@ -21,7 +22,7 @@ from ..index import Index
 from .base import Decoder, Format, register, resolve_files
 
 #: label width in bytes -> dtype of the decoded label (little endian, unsigned)
-LABEL_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+LABEL_DTYPES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 #: bytes per pread while collecting labels
 SCAN_BYTES = 8 << 20
@@ -77,25 +78,26 @@ class RecordsFormat(Format):
 
     def __init__(self, path, **options: Any) -> None:
         super().__init__(path, **options)
-        record = _int_option(self.options, "record_bytes", None, 1)
-        label = _int_option(self.options, "label_bytes", 0, 0)
-        header = _int_option(self.options, "header_bytes", 0, 0)
+        record = _int_option(self.opts, "record_bytes", None, 1)
+        label = _int_option(self.opts, "label_bytes", 0, 0)
+        header = _int_option(self.opts, "header_bytes", 0, 0)
         if label and label not in LABEL_DTYPES:
             raise ConfigError(f"label_bytes must be 0, 1, 2 or 4, not {label}")
         if label >= record:
             raise ConfigError(f"label_bytes ({label}) must be smaller than record_bytes ({record})")
-        pick = self.options.get("label_byte")
+        pick = self.opts.get("label_byte")
         if pick is not None:
-            pick = _int_option(self.options, "label_byte", None, 0)
+            pick = _int_option(self.opts, "label_byte", None, 0)
             if pick >= label:
                 raise ConfigError(
                     f"label_byte={pick} must name one of the {label} label bytes "
                     "(e.g. label_bytes=2, label_byte=1 for CIFAR-100's fine label)"
                 )
         # normalised, so equal configurations share one sidecar
-        self.options = {"record_bytes": record, "label_bytes": label, "header_bytes": header}  # type: ignore[misc]
+        self.opts.clear()  # in place: self.options is the same dict
+        self.opts.update(record_bytes=record, label_bytes=label, header_bytes=header)
         if pick is not None:
-            self.options["label_byte"] = pick
+            self.opts["label_byte"] = pick
         self.record_bytes, self.label_bytes, self.header_bytes = record, label, header
         self.label_byte: int | None = pick
 

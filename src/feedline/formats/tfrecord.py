@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TFRecord files: length-prefixed, CRC-checked frames of opaque payloads.
 
 A frame is ``u64 length | u32 masked CRC32C(length) | payload | u32 masked
@@ -65,6 +66,11 @@ def frame(payload) -> bytes:
             masked_crc32c(payload).to_bytes(4, "little"),
         )
     )
+
+
+def frames(payloads: Iterable) -> bytes:
+    """TFRecord frames holding *payloads*, back to back (see :func:`frame`)."""
+    return b"".join(frame(p) for p in payloads)
 
 
 def gzip_member(data: bytes, level: int = 6) -> bytes:
@@ -204,11 +210,11 @@ class TFRecordFormat(Format):
 
     def __init__(self, path, **options: Any) -> None:
         super().__init__(path, **options)
-        self.verify = bool(self.options.get("verify", True))
-        self.buffer_bytes = int(self.options.get("buffer_bytes", SCAN_BYTES))
+        self.verify = bool(self.opts.get("verify", True))
+        self.buffer_bytes = int(self.opts.get("buffer_bytes", SCAN_BYTES))
         if self.buffer_bytes < 4096:
             raise ConfigError(f"buffer_bytes must be >= 4096, not {self.buffer_bytes}")
-        self.restart_bytes = self.options.get("restart_bytes", RESTART_BYTES)
+        self.restart_bytes = self.opts.get("restart_bytes", RESTART_BYTES)
         if isinstance(self.restart_bytes, bool) or not isinstance(self.restart_bytes, int):
             raise ConfigError(f"restart_bytes must be an integer, not {self.restart_bytes!r}")
         if self.restart_bytes < 65536:

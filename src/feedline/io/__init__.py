@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """feedline's I/O layer: the native engine and the storage-backend protocol.
 
 :class:`IOEngine` reads lists of extents into caller buffers on a pool of C++ threads

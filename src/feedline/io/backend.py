@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Storage backends: DeepIO's portable storage API.
 
 DeepIO (§III-D) keeps *what* to read (element ids, planned by the framework) apart from
@@ -145,9 +146,9 @@ class FilesBackend:
         if per and len(buffers) != len(fid):
             raise ValueError(f"{len(buffers)} buffers for {len(fid)} extents")
         t0 = time.perf_counter()
-        views = [memoryview(b).cast("B") for b in buffers] if per else None
-        whole = None if per else memoryview(buffers).cast("B")
-        if whole is not None and int(ln.sum()) > whole.nbytes:
+        views = [memoryview(b).cast("B") for b in buffers] if per else []
+        whole = memoryview(b"") if per else memoryview(buffers).cast("B")
+        if not per and int(ln.sum()) > whole.nbytes:
             raise ValueError(
                 f"{int(ln.sum())} bytes of extents overflow a {whole.nbytes}-byte buffer"
             )
@@ -156,7 +157,7 @@ class FilesBackend:
             f, o, n = int(fid[i]), int(off[i]), int(ln[i])
             if o < 0 or n < 0:
                 raise ValueError(f"negative offset or length in extent {i}")
-            dst = views[i][:n] if views is not None else whole[pos : pos + n]
+            dst = views[i][:n] if per else whole[pos : pos + n]
             pos += n
             got = 0
             while got < n:

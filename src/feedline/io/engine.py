@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The native I/O engine: a pool of C++ threads that reads lists of extents into buffers.
 
 A submission is a list of extents (file, offset, length) and, for each, a destination
@@ -279,7 +280,7 @@ class IOEngine:
             raise ConfigError(f"alignment must be 0 or a power of two, not {alignment}")
         if retries < 0 or retry_backoff_s < 0:
             raise ConfigError("retries and retry_backoff_s must be >= 0")
-        self._impl = _core._IOEngine(
+        self._impl = _core._IOEngine(  # type: ignore[attr-defined]  # _core.pyi: stubgen omits _names
             self.files,
             threads,
             method,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline probe PATH``: measure the storage profile the planner's cost model needs.
 
 In a bounded time (default 20 s, at most what ``--seconds`` allows) the probe measures,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Loader's machinery: options, sources (how bytes arrive), the epoch runner, state.
 
 Sources are registered by name (:data:`SOURCES`); presets map to sources in

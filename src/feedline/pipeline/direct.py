@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``direct``: each rank executes its own read operations from the plan with the engine.
 
 The plan (``feedline.plan.reads``) cuts the epoch into windows of w steps and gives

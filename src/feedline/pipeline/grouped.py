@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``grouped``: the asynchronous-I/O paper's I/O-dedicated thread with one or two buffers.
 
 The plan's ``chunk`` assignment gives each rank runs of samples that belong to one

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``node``: k readers per node fill a node shared-memory window; every rank copies out.
 
 LMDBIO's LMM pattern without mmap: the plan (``feedline.plan.reads``) gives each of a
@@ -59,6 +60,7 @@ from ..dist import ops as mpi
 from ..dist.alarm import WaitBound
 from ..dist.world import FreeVote
 from ..errors import FeedlineError
+from ..plan.layout import even_start
 from .reader import ExtentReader, ReadList, gather
 from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
 
@@ -83,11 +85,8 @@ def window_layout(plan, ops, steps: range, rank: int, first_rank: int) -> dict:
     step_len = plan._geo.step_len(st)
     ranks = plan.world.size
 
-    def bound(x):
-        return x * (step_len // ranks) + np.minimum(x, step_len % ranks)
-
-    lo = bound(rank) - bound(first_rank)
-    hi = bound(rank + 1) - bound(first_rank)
+    lo = even_start(step_len, ranks, rank) - even_start(step_len, ranks, first_rank)
+    hi = even_start(step_len, ranks, rank + 1) - even_start(step_len, ranks, first_rank)
     k = step - steps.start
     mine = (slot >= lo[k]) & (slot < hi[k])
     order = np.lexsort((slot[mine], step[mine]))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Loader's options, grouped in small frozen dataclasses with documented defaults.
 
 Every default comes from :mod:`feedline.defaults`, so each has a ``FEEDLINE_*``

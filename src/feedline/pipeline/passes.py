@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The iterator of one Loader pass: the single-consumer check, the alarm poll before
 each batch and the announcement of this rank's failure (docs/reliability.md)."""
 

@@ -1,28 +1,25 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reading lists of extents into caller buffers, and gathering records out of them.
 
-:class:`ExtentReader` uses the native engine (:mod:`feedline.io.engine`, C++ threads,
-``pread``/``O_DIRECT``, retries) when it is built, and otherwise a pool of Python threads calling
-``os.preadv`` (which releases the GIL), so the loader works — slower — before the
-native core exists. :func:`coalesce` merges neighbouring extents into fewer, larger
+:class:`ExtentReader` runs them on the native engine (:mod:`feedline.io.engine`: C++
+threads, ``pread``/``O_DIRECT``, retries of transient errors). :func:`coalesce` merges neighbouring extents into fewer, larger
 reads (the trade: bytes in holes are read and thrown away); :func:`gather` copies
 records out of the merged reads in delivery order.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptDataError, StorageError, StorageTimeoutError
-
-_RETRIES = 3  # transient errors (EINTR, EAGAIN) are retried, then reported
+from .. import defaults
+from ..errors import StorageTimeoutError
+from ..io.engine import IOEngine
+from ..plan.extents import merge_extents
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,22 +70,10 @@ def coalesce(file_ids, offsets, lengths, *, gap: int, per_sample: bool = False) 
         np.cumsum(ln[:-1], out=dest[1:])
         return Coalesced(ReadList(fid, off, ln, dest), dest.copy(), ln)
     order = np.lexsort((off, fid))
-    f_s, o_s, e_s = fid[order], off[order], off[order] + ln[order]
-    # running end within each file: shifting each file by more than any end makes one
-    # cumulative max per file, so overlapping and duplicated records join one read
-    new_file = np.ones(n, dtype=bool)
-    new_file[1:] = f_s[1:] != f_s[:-1]
-    gap = min(int(gap), int(e_s.max()))  # a hole wider than any file changes nothing
-    shift = f_s * (int(e_s.max()) + gap + 1)
-    run_end = np.maximum.accumulate(e_s + shift) - shift
-    starts = new_file.copy()
-    starts[1:] |= o_s[1:] > run_end[:-1] + gap
-    read_id = np.cumsum(starts) - 1
-    first = np.flatnonzero(starts)
+    f_s, o_s = fid[order], off[order]
+    first, r_end, read_id = merge_extents(f_s, o_s, ln[order], gap)
     r_fid = f_s[first]
     r_off = o_s[first]
-    last_idx = np.append(first[1:], n) - 1
-    r_end = run_end[last_idx]
     r_len = r_end - r_off
     r_dest = np.zeros(len(first), dtype=np.int64)
     np.cumsum(r_len[:-1], out=r_dest[1:])
@@ -125,120 +110,11 @@ def gather(
     return out
 
 
-class _PreadPool:
-    """Fallback engine: Python threads issuing ``os.preadv`` (GIL released in the call)."""
-
-    def __init__(self, files: list[str], threads: int, method: str) -> None:
-        self.files = list(files)
-        self._fds: dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="feedline-pool")
-        self.threads = threads
-        self._stats = {"storage_bytes": 0, "storage_ops": 0, "io_s": 0.0}
-
-    def _fd(self, fid: int) -> int:
-        with self._lock:
-            fd = self._fds.get(fid)
-            if fd is None:
-                fd = self._fds[fid] = os.open(self.files[fid], os.O_RDONLY)
-            return fd
-
-    def _read_one(self, mv: memoryview, fid: int, off: int, ln: int, dst: int) -> tuple[int, float]:
-        t0 = time.perf_counter()
-        path = self.files[fid]
-        try:
-            fd = self._fd(fid)
-        except OSError as e:
-            raise StorageError(path, off, e.errno or 0) from e
-        done = 0
-        tries = 0
-        ops = 0
-        while done < ln:
-            try:
-                got = os.preadv(fd, [mv[dst + done : dst + ln]], off + done)
-            except InterruptedError:
-                continue
-            except OSError as e:
-                tries += 1
-                if tries < _RETRIES and e.errno in (11,):  # EAGAIN: transient
-                    time.sleep(0.001 * tries)
-                    continue
-                raise StorageError(path, off + done, e.errno or 0) from e
-            ops += 1
-            if got == 0:
-                raise CorruptDataError(
-                    path, off + done, f"file ends before the record ({ln} bytes at {off})"
-                )
-            done += got
-        return ops, time.perf_counter() - t0
-
-    def _run(self, reads: ReadList, buf: np.ndarray, lo: int, hi: int) -> tuple[int, int, float]:
-        mv = memoryview(buf).cast("B")
-        ops, nbytes, secs = 0, 0, 0.0
-        for i in range(lo, hi):
-            ln = int(reads.lengths[i])
-            o, s = self._read_one(
-                mv, int(reads.file_ids[i]), int(reads.offsets[i]), ln, int(reads.dest[i])
-            )
-            ops += o
-            nbytes += ln
-            secs += s
-        return ops, nbytes, secs
-
-    def submit(self, reads: ReadList, buf: np.ndarray) -> Future:
-        n = len(reads)
-        parts = max(1, min(self.threads, n))
-        bounds = [n * i // parts for i in range(parts + 1)]
-        futs = [
-            self._pool.submit(self._run, reads, buf, bounds[i], bounds[i + 1]) for i in range(parts)
-        ]
-        done: Future = Future()
-        remaining = [len(futs)]
-        lock = threading.Lock()
-
-        def finish(f: Future) -> None:
-            with lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-            if not last:
-                return
-            err = next((x.exception() for x in futs if x.exception() is not None), None)
-            if err is not None:
-                done.set_exception(err)
-                return
-            for x in futs:
-                o, b, s = x.result()
-                with self._lock:
-                    self._stats["storage_ops"] += o
-                    self._stats["storage_bytes"] += b
-                    self._stats["io_s"] += s
-            done.set_result(None)
-
-        for f in futs:
-            f.add_done_callback(finish)
-        return done
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return dict(self._stats, engine="python-preadv", io_threads=self.threads)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            for fd in self._fds.values():
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self._fds.clear()
-
-
 class _Native:
     """The native engine (:class:`feedline.io.engine.IOEngine`): C++ threads,
     pread/O_DIRECT, retries of transient errors, typed errors from ``result()``."""
 
     def __init__(self, files: list[str], threads: int, method: str) -> None:
-        from .. import defaults
-        from ..io.engine import IOEngine
-
         self._impl = IOEngine(
             files,
             threads=threads,
@@ -279,7 +155,7 @@ class ExtentReader:
     threads : int
         I/O threads.
     method : {"pread", "odirect", "mmap"}
-        Read method; the Python fallback always uses ``pread``.
+        Read method of the native engine.
 
     Thread safety: ``submit`` may be called from any thread; statistics are totals
     over all submitted reads.
@@ -292,10 +168,7 @@ class ExtentReader:
         self.files = list(files)
         self.timeout_s = float(timeout_s or 0.0)
         self.abandoned: str | None = None  # why the reads were abandoned (a stall)
-        try:
-            self._impl = _Native(files, threads, method)
-        except (ImportError, AttributeError):  # the native core is not built
-            self._impl = _PreadPool(files, threads, method)
+        self._impl = _Native(files, threads, method)
 
     def submit(self, reads: ReadList, buf: np.ndarray) -> Any:
         """Start reading *reads* into *buf*; ``result()`` raises the typed error on failure,
@@ -327,11 +200,7 @@ class ExtentReader:
         kept referenced forever (never reused), and every later submit raises."""
         self.abandoned = why
         _ABANDONED.append((fut, buf, self._impl))
-        abandon = getattr(self._impl, "abandon", None)
-        if abandon is not None:
-            abandon()
-        else:  # the Python pool: stop queueing, leave the running reads
-            self._impl._pool.shutdown(wait=False, cancel_futures=True)
+        self._impl.abandon()
 
     def stats(self) -> dict[str, Any]:
         """``storage_bytes``, ``storage_ops``, ``io_s`` (busy thread-seconds), engine name."""
@@ -366,12 +235,7 @@ class _Bounded:
     def result(self) -> Any:
         r = self._reader
         left = r.timeout_s - (time.monotonic() - self._t0)
-        if isinstance(self._fut, Future):  # the Python pool's
-            try:
-                return self._fut.result(timeout=max(left, 0.0))
-            except TimeoutError:
-                pass
-        elif self._fut.wait(max(left, 0.0)):
+        if self._fut.wait(max(left, 0.0)):
             return self._fut.result()
         err = StorageTimeoutError(self._path, self._off, r.timeout_s)
         r._abandon(self._fut, self._buf, str(err))

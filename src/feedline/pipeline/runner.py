@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One pass over an epoch's steps: the producer thread, decode workers and read-ahead.
 
 With read-ahead depth d >= 1 a producer thread asks the source for step after step and
@@ -39,7 +40,7 @@ _POLL = 0.05  # seconds between checks of the stop flag while blocked
 _GRACE_S = 1.0  # past timeout_s, how long the consumer waits for the reader's own error
 
 
-def inline_run(source: Source, depth: int) -> bool:
+def inline_run(source: Source | type[Source], depth: int) -> bool:
     """Whether the consumer reads and decodes itself (no producer thread)."""
     return depth == 0 or (source.threaded and depth <= 1)
 

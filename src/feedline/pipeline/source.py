@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The source protocol: what brings one rank's raw records for each step.
 
 A *source* executes a plan's reads for one rank and hands back, per step, the rank's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loader state: a few hundred bytes of JSON that resume an epoch exactly.
 
 Plans are pure, so the position in an epoch is fully described by (dataset

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``store``: DeepIO's distributed in-memory store (§III-A, B), for the ``deepio-*`` presets.
 
 The job's memory holds the samples of the current *round* (the ``memory(R)`` assignment:
@@ -50,6 +51,7 @@ import numpy as np
 from .. import defaults
 from ..dist import ops as mpi
 from ..errors import ConfigError, CorruptDataError, FeedlineError, StorageError
+from ..plan.layout import floor_start
 from .reader import ExtentReader, coalesce
 from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
 
@@ -191,7 +193,7 @@ class _RoundLoad:
 def _share(ids: np.ndarray, P: int, k: int) -> np.ndarray:
     """Rank *k*'s share of a round's sorted ids: P runs of equal-as-possible count."""
     n = len(ids)
-    return ids[k * n // P : (k + 1) * n // P]
+    return ids[floor_start(n, P, k) : floor_start(n, P, k + 1)]
 
 
 class StoreSource(Source):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which rank am I, of how many, on which node: the Loader's view of the job.
 
 Resolution order (docs/getting-started.md, "Under mpiexec and srun"): an explicit MPI

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The pure planner: orders, sub-batches, read extents and staggering tokens.
 
 No I/O and no MPI: ``make_plan(records, world, strategy, seed, epoch, batch_size)``

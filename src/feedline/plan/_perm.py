@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Keyed pseudo-random permutations that are evaluated one position at a time.
 
 A rank that needs positions ``p`` of a permuted epoch computes ``perm(p)`` directly, in

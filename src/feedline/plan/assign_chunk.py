@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``chunk(g)``: the asynchronous-I/O paper's shuffle (§III). The samples are cut into
 groups of g contiguous samples; the groups are permuted globally each epoch and the
 samples of each group are permuted locally (the shuffle inside the I/O buffer). Each
@@ -34,6 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from ._perm import derive_key, permute, subkeys
+from .layout import even_part, even_start
 from .streams import Assignment, GroupSlots, register
 
 DEFAULT_CHUNK = 64
@@ -164,8 +166,8 @@ class TiledColumnStream:
         self.base_b = R * r * (q + 1) * g
         self.base_c = self.base_b + R * (nb - r) * q * g
         b = np.arange(nb, dtype=np.int64)
-        first = b * q + np.minimum(b, r)
-        w = q + (b < r)
+        first = even_start(B, nb, b)
+        w = even_start(B, nb, b + 1) - first
         # a short last step (L < B columns) is its own row of tiles: the layout splits it
         # among ranks by its own length, so it must not be scattered through the others
         self.split = L < B
@@ -207,9 +209,8 @@ class TiledColumnStream:
         c = np.where(long_, pos // max(S, 1), L + (pos - L * S) // max(S - 1, 1))
         t = np.where(long_, pos - c * S, pos - L * S - (c - L) * (S - 1))
         k, u = np.divmod(t, g)
-        wide = c < r * (q + 1)
-        b = np.where(wide, c // (q + 1), r + (c - r * (q + 1)) // q)
-        j = c - (b * q + np.minimum(b, r))  # column inside the block
+        b, j = even_part(c, self.B, nb)  # block of column c, column inside the block
+        wide = b < r  # the first r blocks are one column wider
         w = q + wide  # columns of the tile's row
         start = np.empty_like(pos)  # file start of the tile
         h = np.full_like(pos, g)  # its height in steps

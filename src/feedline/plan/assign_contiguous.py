@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``contiguous``: MPI-Caffe's improved pattern. Rank r owns one contiguous region of the
 records, sized to exactly what it consumes in the epoch, and reads it front to back, so
 read-ahead and client caches work. With ``region="node"`` each node owns one region that

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``global``: a full keyed permutation of all samples each epoch (TF/DeepIO shuffling).
 
 Most random (RL 100%), least local: every sample is a separate small read. Positions are

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``memory(R)``: DeepIO's hybrid backend-memory order (§III-B/C). The dataset is cut
 into units of g contiguous samples (its "files"); each round loads a random selection of
 R·(units) into the job's memory, drawn without replacement, and the samples in memory are
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._perm import derive_key, permute, subkeys
-from .layout import _rank_of
+from .layout import even_part, even_start, floor_start
 from .streams import Assignment, GroupSlots, register
 
 DEFAULT_UNIT = 64
@@ -55,11 +56,6 @@ class MemoryStream:
         return group * self.g + off
 
 
-def _bound(L, P: int, k):
-    """Offset of rank k's sub-batch in a step of length L (vectorised; k = P: the end)."""
-    return k * (L // P) + np.minimum(k, L % P)
-
-
 class OpportunisticStream(MemoryStream):
     """``memory(R)`` placed locality first for the DeepIO store of a world of P ranks
     (see the module docstring). Evaluated at any positions in O(len(positions) + P)
@@ -90,8 +86,8 @@ class OpportunisticStream(MemoryStream):
         s, o = np.divmod(pc, B)
         L = np.maximum(np.minimum(B, T - s * B), 0)
         kk = np.minimum(k, P - 1)
-        full = s * (_bound(B, P, kk + 1) - _bound(B, P, kk))
-        a, b = _bound(L, P, kk), _bound(L, P, kk + 1)
+        full = s * (even_start(B, P, kk + 1) - even_start(B, P, kk))
+        a, b = even_start(L, P, kk), even_start(L, P, kk + 1)
         mine = full + np.clip(o - a, 0, b - a)
         return np.where(k == P, np.maximum(p - T, 0), mine)
 
@@ -99,7 +95,7 @@ class OpportunisticStream(MemoryStream):
         p = np.asarray(p, dtype=np.int64)
         s, o = np.divmod(p, self.B)
         L = np.maximum(self._geo.step_len(s), 1)
-        return np.where(p < self.total, _rank_of(o, L, self.P)[0], self.P)
+        return np.where(p < self.total, even_part(o, L, self.P)[0], self.P)
 
     # -- what the ranks hold -----------------------------------------------------------
     def _round_ids(self, r: int, idx: np.ndarray) -> np.ndarray:
@@ -130,7 +126,7 @@ class OpportunisticStream(MemoryStream):
             sel = np.flatnonzero(rnd == r)
             lo, hi = int(self._lo[r]), int(self._hi[r])
             n_r = hi - lo
-            start = np.append(ks[:P] * n_r // P, n_r)  # share k: sorted [start_k, start_k+1)
+            start = np.append(floor_start(n_r, P, ks[:P]), n_r)  # share k: [start_k, start_k+1)
             size = np.append(np.diff(start), 0)  # the pseudo-rank P holds nothing
             npos = self._count(ks, hi) - self._count(ks, lo)
             m = np.minimum(size, npos)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``skip``: MPI-Caffe's original pattern. Step s covers the same records as ``strided``
 but rank r takes records s·B + r, s·B + r + P, ... — read one, skip P-1 — so every rank
 passes over the whole file. Depends on P by definition."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``strided``: the identity order (Caffe/LMDB). Step s takes records [s·B, (s+1)·B) and
 rank r the r-th contiguous sub-batch; sequential in the file, no randomness at all."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``window``: large tiles in keyed order, each unit's share shuffled window by window.
 
 The order the ``feedline`` preset plans (docs/planner.md, "The window shuffle"):
@@ -26,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 
 from ._perm import permute, subkeys
-from .layout import _bound
+from .layout import ceil_start, even_start
 from .streams import Assignment, GroupSlots, register
 
 
@@ -58,18 +59,18 @@ class WindowStream:
         self._wkey = subkeys(self.key, np.array([2]))[0]
         B, P, S = geo.B, geo.P, geo.steps
         if unit == "node":
-            firsts = np.array([-(-m * P // geo.M) for m in range(geo.M + 1)], dtype=np.int64)
+            firsts = ceil_start(P, geo.M, np.arange(geo.M + 1, dtype=np.int64))
         else:
             firsts = np.arange(P + 1, dtype=np.int64)
         # unit u owns Q positions [starts[u], starts[u+1]) (the layouts' arithmetic)
         self.starts = (
-            (S - 1) * _bound(B, P, firsts) + _bound(geo.last, P, firsts)
+            (S - 1) * even_start(B, P, firsts) + even_start(geo.last, P, firsts)
             if S
             else (np.zeros(len(firsts), dtype=np.int64))
         )
         self.starts = np.asarray(self.starts, dtype=np.int64)
         #: samples a unit consumes per full step
-        self.per_step = np.diff(_bound(B, P, firsts)).astype(np.int64)
+        self.per_step = np.diff(even_start(B, P, firsts)).astype(np.int64)
         #: samples per window of each unit
         self.window_len = np.maximum(self.per_step * self.w, 1)
         self.slots = GroupSlots(n, self.tile, _balanced_key(n, self.tile, self.key, self.starts))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline plan``: the I/O plan of any preset at any world size, without I/O.
 
     feedline plan --ranks 9216 --nodes 256 --preset all --batch 18432 \\

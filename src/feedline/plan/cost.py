@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cost model and the chooser behind the ``feedline`` preset (docs/planner.md, "Cost model").
 
 ``choose(records, world, batch_size, memory_cap, profile)`` estimates, for every
@@ -517,16 +518,16 @@ def choose(
     prof = get_profile(profile)
     sh = shape_of(records, world, batch_size, memory_cap)
     if units:
-        units = list(units)
+        who = list(units)
     else:
-        units = ["rank"]
+        who = ["rank"]
         if aggregate and world.nodes < world.size:
-            units.append("node")
+            who.append("node")
     tiles = list(TILE_BYTES)
     small = int(sh.file_bytes / MIN_TILES / sh.span)
     if small < TILE_BYTES[0]:  # small datasets: tiles that still cut the file in 32 places
         tiles.insert(0, max(int(sh.mean_len), small))
-    cands = [estimate(sh, prof, u, t, k) for u in units for t in tiles for k in WINDOW_TILES]
+    cands = [estimate(sh, prof, u, t, k) for u in who for t in tiles for k in WINDOW_TILES]
     # the same window reached twice (capped): keep one
     seen: set[tuple] = set()
     uniq = []

@@ -1,6 +1,7 @@
+# SPDX-License-Identifier: Apache-2.0
 """Epoch arithmetic and layouts: where each position of an epoch's base sequence goes.
 
-DESIGN.md, "Epoch and step": the epoch's global order is cut into consecutive steps of
+docs/planner.md, "Epoch and step": the epoch's global order is cut into consecutive steps of
 B; each step into P contiguous sub-batches whose sizes differ by at most one, lower
 ranks taking the extra. A *layout* maps a global position ``p = s·B + o`` (step s,
 offset o) to a position q of the assignment's base sequence Q, in O(1) per position:
@@ -32,6 +33,51 @@ def num_steps(n: int, batch_size: int, drop_last: bool = False) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
+# ------------------------------------------------------------------ even splits
+# n items cut into p contiguous parts, two conventions (they give different splits):
+# - *even*: the first n % p parts take one item more (sub-batches of a step, a node's
+#   readers' shares, benchmark shards): :func:`even_start`, :func:`even_split`,
+#   :func:`even_part`;
+# - *proportional*: part i starts at floor(n·i/p) (:func:`floor_start`), or at ceil(n·i/p)
+#   (:func:`ceil_start`, the ranks of node m when rank r is on node floor(r·M/P)).
+
+
+def even_start(n, parts, i):
+    """First item of part *i* of *n* items cut into *parts* contiguous parts whose sizes
+    differ by at most one, the lower parts taking the extra (``i = parts``: *n*).
+
+    Vectorised: *n* and *i* may be integers or int64 arrays.
+    """
+    return i * (n // parts) + np.minimum(i, n % parts)
+
+
+def even_split(n: int, parts: int, i: int) -> tuple[int, int]:
+    """``[start, stop)`` of part *i* of :func:`even_start`'s split, as Python ints."""
+    return int(even_start(n, parts, i)), int(even_start(n, parts, i + 1))
+
+
+def even_part(x, n, parts):
+    """``(part, index in part)`` of item *x* in :func:`even_start`'s split (vectorised)."""
+    q, e = n // parts, n % parts
+    big = e * (q + 1)
+    lo = x < big
+    qs = np.maximum(q, 1)
+    part = np.where(lo, x // (q + 1), e + (x - big) // qs)
+    j = np.where(lo, x % (q + 1), (x - big) % qs)
+    return part, j
+
+
+def floor_start(n, parts, i):
+    """First item of part *i* when *n* items are cut at floor(n·i / parts) (vectorised)."""
+    return n * i // parts
+
+
+def ceil_start(n, parts, i):
+    """First item of part *i* when *n* items are cut at ceil(n·i / parts) (vectorised):
+    the items x with ``x * parts // n == i``."""
+    return -(-n * i // parts)
+
+
 def sub_batch_bounds(step_len: int, P: int) -> np.ndarray:
     """Bounds of the P contiguous sub-batches of a step of *step_len* samples.
 
@@ -40,25 +86,7 @@ def sub_batch_bounds(step_len: int, P: int) -> np.ndarray:
     """
     if P < 1:
         raise ConfigError(f"world size must be >= 1, got {P}")
-    r = np.arange(P + 1, dtype=np.int64)
-    q, e = divmod(int(step_len), P)
-    return r * q + np.minimum(r, e)
-
-
-def _bound(L, P, r):
-    """Offset of rank r's sub-batch in a step of length L (vectorised)."""
-    return r * (L // P) + np.minimum(r, L % P)
-
-
-def _rank_of(o, L, P):
-    """(rank, index in sub-batch) of offset o in a step of length L (vectorised)."""
-    q, e = L // P, L % P
-    big = e * (q + 1)
-    lo = o < big
-    qs = np.maximum(q, 1)
-    r = np.where(lo, o // (q + 1), e + (o - big) // qs)
-    j = np.where(lo, o % (q + 1), (o - big) % qs)
-    return r, j
+    return even_start(int(step_len), P, np.arange(P + 1, dtype=np.int64))
 
 
 class Geometry:
@@ -84,7 +112,8 @@ class Geometry:
         """Global positions ``[lo, hi)`` of *rank*'s sub-batch at *step*."""
         L = int(self.step_len(step))
         base = step * self.B
-        return base + int(_bound(L, self.P, rank)), base + int(_bound(L, self.P, rank + 1))
+        lo, hi = even_split(L, self.P, rank)
+        return base + lo, base + hi
 
     def to_stream(self, p: np.ndarray, layout: str) -> np.ndarray:
         """Base-sequence positions q of global positions p under *layout*."""
@@ -94,21 +123,21 @@ class Geometry:
         B, P, S = self.B, self.P, self.steps
         s, o = np.divmod(p, B)
         if layout == "skip":
-            r, j = _rank_of(o, self.step_len(s), P)
+            r, j = even_part(o, self.step_len(s), P)
             return s * B + r + P * j
         if layout == "rank":
-            r, j = _rank_of(o, self.step_len(s), P)
-            full = B // P + (r < B % P)
-            start = (S - 1) * _bound(B, P, r) + _bound(self.last, P, r)
-            return start + s * full + j
+            r, j = even_part(o, self.step_len(s), P)
+            first = even_start(B, P, r)
+            start = (S - 1) * first + even_start(self.last, P, r)
+            return start + s * (even_start(B, P, r + 1) - first) + j
         if layout == "node":
-            r, _ = _rank_of(o, self.step_len(s), P)
+            r, _ = even_part(o, self.step_len(s), P)
             node = r * self.M // P
-            a = -(-node * P // self.M)  # first rank of the node
-            b = -(-(node + 1) * P // self.M)
-            start = (S - 1) * _bound(B, P, a) + _bound(self.last, P, a)
-            per_step = _bound(B, P, b) - _bound(B, P, a)
-            return start + s * per_step + (o - _bound(self.step_len(s), P, a))
+            a = ceil_start(P, self.M, node)  # first rank of the node
+            b = ceil_start(P, self.M, node + 1)
+            start = (S - 1) * even_start(B, P, a) + even_start(self.last, P, a)
+            per_step = even_start(B, P, b) - even_start(B, P, a)
+            return start + s * per_step + (o - even_start(self.step_len(s), P, a))
         if layout == "column":
             col_start = o * (S - 1) + np.minimum(o, self.last)
             return col_start + s

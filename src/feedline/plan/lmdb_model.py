@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A model of an LMDB file written by Caffe (sequential puts), for ``feedline plan``.
 
 From a synthetic description — N records of v bytes with k-byte keys, 4 KiB pages — it
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .records import UniformRecords
+
 PAGE = 4096
 PAGE_HEADER = 16
 NODE_HEADER = 8
@@ -29,7 +32,7 @@ def nodemax(page: int = PAGE) -> int:
 
 
 @dataclass(frozen=True)
-class LmdbModel:
+class LmdbModel(UniformRecords):
     """N records of *size* bytes under *key* -byte keys in an LMDB file of *page* pages."""
 
     n: int
@@ -81,11 +84,3 @@ class LmdbModel:
             end = (META_PAGES + j + 1) * self.page
             off = end - (slot + 1) * self.node_bytes + NODE_HEADER + self.key
         return np.zeros_like(ids), off, np.full_like(ids, self.size)
-
-    @property
-    def max_length(self) -> int:
-        return self.size
-
-    @property
-    def mean_length(self) -> float:
-        return float(self.size)

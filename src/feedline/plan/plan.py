@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Plan: who consumes which samples at each step, and who reads which bytes.
 
 ``make_plan`` is pure (no I/O, no MPI): from the records, the world, the strategy, the
@@ -19,7 +20,7 @@ import numpy as np
 from .. import defaults
 from ..errors import ConfigError, StateError
 from ._perm import derive_key
-from .layout import Geometry
+from .layout import Geometry, even_start, floor_start
 from .records import CountOnly, Records, as_records
 from .strategy import Strategy, get_strategy
 from .streams import Explicit, get_assignment
@@ -137,8 +138,8 @@ class Plan:
         steps = np.arange(self.first_step, self.num_steps, dtype=np.int64)
         L = self._geo.step_len(steps)
         P = self.world.size
-        lo = steps * self.batch_size + rank * (L // P) + np.minimum(rank, L % P)
-        cnt = L // P + (rank < L % P)
+        lo = steps * self.batch_size + even_start(L, P, rank)
+        cnt = even_start(L, P, rank + 1) - even_start(L, P, rank)
         offsets = np.zeros(len(steps) + 1, dtype=np.int64)
         np.cumsum(cnt, out=offsets[1:])
         pos = np.repeat(lo - offsets[:-1], cnt) + np.arange(offsets[-1], dtype=np.int64)
@@ -237,7 +238,7 @@ class Plan:
             k = min(self.world.readers_per_node, len(ranks))
         else:
             k = self.strategy.readers_for(len(ranks))
-        return [ranks[i * len(ranks) // k] for i in range(k)]
+        return [ranks[floor_start(len(ranks), k, i)] for i in range(k)]
 
     @property
     def readers(self) -> list[int]:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Read operations: which byte extents each reader reads, for which steps (LMDBIO §4.1, §4.5).
 
 A *unit* is what one set of readers fills: a node's shared window when the strategy
@@ -25,6 +26,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..units import format_bytes
+from .extents import merge_extents
+from .layout import even_start
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -197,8 +200,8 @@ def _unit_positions(
     st = np.arange(steps.start, steps.stop, dtype=np.int64)
     L = geo.step_len(st)
     P = plan.world.size
-    lo = st * plan.batch_size + first * (L // P) + np.minimum(first, L % P)
-    hi = st * plan.batch_size + (last + 1) * (L // P) + np.minimum(last + 1, L % P)
+    lo = st * plan.batch_size + even_start(L, P, first)
+    hi = st * plan.batch_size + even_start(L, P, last + 1)
     cnt = hi - lo
     starts = np.zeros(len(st) + 1, dtype=np.int64)
     np.cumsum(cnt, out=starts[1:])
@@ -210,26 +213,12 @@ def _unit_positions(
 
 
 def _merge(fid, off, ln, gap: int, separate: bool):
-    """Merge sorted extents across holes <= gap; returns extents and each input's extent."""
-    m = len(off)
-    if m == 0:
-        e = np.zeros(0, dtype=np.int64)
-        return e, e, e, e
+    """Sorted extents merged across holes <= gap (:func:`~feedline.plan.extents.merge_extents`),
+    or each its own read when *separate*; returns extents and each input's extent."""
     if separate:
-        which = np.arange(m, dtype=np.int64)
-        return fid.copy(), off.copy(), ln.copy(), which
-    # running end per file (sorted by file): shift each file past every end so one
-    # cumulative max never carries a longer file's end into the next file
-    shift = fid.astype(np.int64) * (int((off + ln).max()) + 1)
-    end = np.maximum.accumulate(off + ln + shift) - shift
-    new = np.ones(m, dtype=bool)
-    new[1:] = (fid[1:] != fid[:-1]) | (off[1:] > end[:-1] + gap)
-    which = np.cumsum(new) - 1
-    heads = np.flatnonzero(new)
-    tails = np.append(heads[1:], m) - 1
-    e_off = off[heads]
-    e_len = end[tails] - e_off
-    return fid[heads], e_off, e_len, which
+        return fid.copy(), off.copy(), ln.copy(), np.arange(len(off), dtype=np.int64)
+    first, end, which = merge_extents(fid, off, ln, gap)
+    return fid[first], off[first], end - off[first], which
 
 
 def window_ops(

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where samples live, as the planner needs it: ``extents(ids) -> (file_ids, offsets, lengths)``.
 
 The planner never touches a file. :class:`IndexRecords` wraps a real
@@ -79,8 +80,22 @@ class IndexRecords:
         return self._mean
 
 
+class UniformRecords:
+    """Base of record models whose records all have ``size`` bytes."""
+
+    size: int
+
+    @property
+    def max_length(self) -> int:
+        return self.size
+
+    @property
+    def mean_length(self) -> float:
+        return float(self.size)
+
+
 @dataclass(frozen=True)
-class FlatRecords:
+class FlatRecords(UniformRecords):
     """n records of *size* bytes back to back after a header, in one file."""
 
     n: int
@@ -94,14 +109,6 @@ class FlatRecords:
             self.header + ids * self.size,
             np.full_like(ids, self.size),
         )
-
-    @property
-    def max_length(self) -> int:
-        return self.size
-
-    @property
-    def mean_length(self) -> float:
-        return float(self.size)
 
 
 class CountOnly:

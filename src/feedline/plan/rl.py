@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DeepIO's randomization level (RL, DeepIO §III-C, eqs. 1-5) and simple order diagnostics.
 
 An order is scored by the probability P(i) with which the element at position i was

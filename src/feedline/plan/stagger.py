@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """I/O staggering (LMDBIO §4.6): readers in groups of n, one group reading at a time.
 
 Readers are listed node by node (neighbouring nodes read neighbouring parts of the file

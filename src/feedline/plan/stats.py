@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """I/O statistics of a plan without doing I/O (``feedline plan``).
 
 For a few sampled units (nodes when aggregating, ranks otherwise) the reads of all
@@ -13,10 +14,11 @@ statistically alike, so a handful of sampled units gives the per-reader figures 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
+from .extents import merge_extents
 from .reads import _unit_positions, window_cap, window_steps
 from .rl import randomization_level
 
@@ -28,7 +30,16 @@ EXACT_UNIT_SAMPLES = 1 << 18
 EDGE_RECORDS = 512
 
 
-def unit_extents(plan, unit: int) -> dict[str, np.ndarray]:
+class UnitExtents(TypedDict):
+    """A unit's extents (:func:`unit_extents`)."""
+
+    key: np.ndarray  # window * k + reader index, per extent
+    length: np.ndarray  # bytes, per extent
+    payload: np.ndarray  # bytes of the samples, per key
+    k: int  # readers of the unit
+
+
+def unit_extents(plan, unit: int) -> UnitExtents:
     """All extents of a unit for the whole plan, vectorised.
 
     Returns arrays ``window``, ``part`` (reader index in the unit), ``length`` per extent
@@ -73,33 +84,21 @@ def unit_extents(plan, unit: int) -> dict[str, np.ndarray]:
     key = window * k + part
     gap = 0 if s.sample_reads else s.coalesce_gap
 
+    new_key = np.ones(m, dtype=bool)
+    new_key[1:] = key[1:] != key[:-1]
+
     def merge(gaps):
-        end = off + ln
-        seg_new = np.ones(m, dtype=bool)
-        seg_new[1:] = (key[1:] != key[:-1]) | (fid[1:] != fid[:-1])
-        # running max of extent ends, restarted at each (key, file) segment
-        seg = np.cumsum(seg_new)
-        scale = int(end.max(initial=0)) + 1
-        run = np.maximum.accumulate(
-            seg.astype(object) * scale + end if seg[-1] * scale >= 2**62 else seg * scale + end
-        )
-        run_end = np.asarray(run - seg * scale, dtype=np.int64)
-        new = seg_new.copy()
-        if s.sample_reads:
-            new[:] = True
-        else:
-            new[1:] |= off[1:] > run_end[:-1] + gaps[1:]
-        which = np.cumsum(new) - 1
-        heads_e = np.flatnonzero(new)
-        tails = np.append(heads_e[1:], m) - 1
-        lengths = run_end[tails] - off[heads_e]
-        return key[heads_e], lengths, which
+        """Extents of every (window, reader) key: the merge of window_ops, all at once."""
+        if s.sample_reads:  # one read per sample
+            return key, ln
+        first, end, _ = merge_extents(fid, off, ln, gaps, cut=new_key)
+        return key[first], end - off[first]
 
     if m == 0:
         z = np.zeros(0, dtype=np.int64)
         return {"key": z, "length": z, "payload": z, "k": k}
     gaps = np.full(m, gap, dtype=np.int64)
-    e_key, e_len, _ = merge(gaps)
+    e_key, e_len = merge(gaps)
     if gap:
         nkeys = int(key.max()) + 1
         payload = np.bincount(key, weights=ln, minlength=nkeys)
@@ -109,7 +108,7 @@ def unit_extents(plan, unit: int) -> dict[str, np.ndarray]:
         bad = nbytes > payload + room[np.arange(nkeys) // k]
         if bad.any():
             gaps = np.where(bad[key], 0, gap)
-            e_key, e_len, _ = merge(gaps)
+            e_key, e_len = merge(gaps)
     payload = np.bincount(key, weights=ln, minlength=int(key.max()) + 1).astype(np.int64)
     return {"key": e_key, "length": e_len, "payload": payload, "k": k}
 
@@ -146,7 +145,7 @@ def _piece_ranges(records, lo: np.ndarray, hi: np.ndarray):
     return hf[starts], o, e, tf[starts + cnt - 1]
 
 
-def _window_unit_extents(plan, unit: int) -> dict[str, np.ndarray]:
+def _window_unit_extents(plan, unit: int) -> UnitExtents:
     """:func:`unit_extents` of a ``window`` plan in closed form: a unit's window is a run
     of the tile sequence, so its reads are the tile pieces it covers, merged — O(tiles)
     instead of O(samples). Holes inside a tile (page headers) are read through, as the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DeepIO store as a candidate of the cost model (``store="auto"``; docs/deepio.md).
 
 :func:`store_estimate` gives, in the same closed form and the same

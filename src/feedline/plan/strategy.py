@@ -1,9 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
 """Strategy: the orthogonal knobs of a data-loading configuration, and the named presets.
 
 A :class:`Strategy` is pure data (frozen, hashable, JSON-friendly through
 :meth:`Strategy.to_dict`); the planner, the engine and the loader read the knobs they
-need. Presets name the configurations of the five papers (DESIGN.md, "Strategies: knobs
-and presets"); :func:`get_strategy` returns a preset with some knobs overridden.
+need. Presets name the configurations of the five papers (docs/planner.md, "Presets");
+:func:`get_strategy` returns a preset with some knobs overridden.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _MiB = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class Strategy:
-    """The knobs of a data-loading strategy (DESIGN.md, "Strategies").
+    """The knobs of a data-loading strategy (docs/planner.md, "Presets").
 
     Parameters
     ----------
@@ -221,8 +222,11 @@ _COALESCED = _LMM.replace(
     coalesce_bytes=_COAL,
     coalesce_gap=64 << 10,
 )
+_ASYNC = Strategy(
+    assignment="chunk", chunk_layout="rank", read="pread", coalesce_gap=4096, prefetch_depth=1
+)
 
-#: Every preset of DESIGN.md, with the paper row it reproduces (also in PRESET_DOCS).
+#: Every preset (docs/planner.md, "Presets"), with the paper row it reproduces (also in PRESET_DOCS).
 PRESETS: dict[str, Strategy] = {
     # LMDBIO journal §3: Caffe/LMDB, every rank walks a liblmdb cursor over mmap.
     "lmdb": Strategy(assignment="strided", readers_per_node=0, locate="seek", read="mmap"),
@@ -242,20 +246,8 @@ PRESETS: dict[str, Strategy] = {
     # buffer, I/O thread), Async I/O with double buffering.
     "tf": Strategy(assignment="global", sample_reads=True, read="pread"),
     "tf-pre": Strategy(assignment="global", sample_reads=True, read="pread", prefetch_depth=2),
-    "async": Strategy(
-        assignment="chunk",
-        chunk_layout="rank",
-        read="pread",
-        coalesce_gap=4096,
-        prefetch_depth=1,
-    ),
-    "async-db": Strategy(
-        assignment="chunk",
-        chunk_layout="rank",
-        read="pread",
-        coalesce_gap=4096,
-        prefetch_depth=2,
-    ),
+    "async": _ASYNC,
+    "async-db": _ASYNC.replace(prefetch_depth=2),
     # DeepIO: in-memory store, global permutation over what is in memory each round.
     "deepio-ordered": Strategy(
         assignment="memory", store="ordered", read="pread", prefetch_depth=2

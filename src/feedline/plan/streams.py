@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The registry of assignments: each turns ``(n, strategy, key)`` into a *stream*.
 
 A stream is the epoch's base sequence Q of sample ids, evaluated at any positions in

@@ -1,7 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
 """WorldSpec: the shape of a job (ranks, nodes, readers) as pure data.
 
 The planner sees only this; ``feedline.dist.World`` builds one from MPI. Emulated nodes
-follow DESIGN.md: P ranks split into M nodes of contiguous ranks, node = rank * M // P.
+follow docs/planner.md ("Epoch and step"): P ranks split into M nodes of contiguous ranks, node = rank * M // P.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .layout import ceil_start, floor_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +45,10 @@ class WorldSpec:
 
     def ranks_of(self, node: int) -> range:
         """Ranks of *node*, contiguous."""
-        # smallest r with r*M//P >= node  ==  ceil(node*P/M)
-        lo = -(-node * self.size // self.nodes)
-        hi = -(-(node + 1) * self.size // self.nodes)
-        return range(lo, hi)
+        # the ranks r with r*M//P == node: from ceil(node*P/M)
+        return range(
+            ceil_start(self.size, self.nodes, node), ceil_start(self.size, self.nodes, node + 1)
+        )
 
     def readers_of(self, node: int) -> list[int]:
         """Reader ranks of *node*: k ranks spread evenly over the node (all if k == 0)."""
@@ -54,7 +56,7 @@ class WorldSpec:
         k = self.readers_per_node
         if k == 0 or k >= len(ranks):
             return list(ranks)
-        return [ranks[i * len(ranks) // k] for i in range(k)]
+        return [ranks[floor_start(len(ranks), k, i)] for i in range(k)]
 
     @property
     def readers(self) -> list[int]:

@@ -1,1 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loader sources that reproduce papers' readers (LMDBIO, MPI-Caffe); importing registers them."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The three ways an LMDBIO reader brings the records of one step (LMDBIO journal §3-4.3).
 
 - :class:`MmapCursor` — Caffe's reader: a liblmdb cursor over mmap (py-lmdb, read-only,
@@ -196,9 +197,10 @@ class MmapCursor:
         return self.c["mmap_touched_bytes"] + leaves * self.psize, self.c["major_faults"]
 
     def close(self) -> None:
-        if getattr(self, "env", None) is not None:
+        env = getattr(self, "env", None)
+        if env is not None:
             self.txn.abort()
-            self.env.close()
+            env.close()
             self.env = None
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An in-memory LMDB cursor over pages fetched by the caller (LMDBIO-DM and -DIO seeks).
 
 liblmdb can only reach record *i* by walking: down the leftmost path of the B+tree,
@@ -222,7 +223,7 @@ class PageWalker:
         """The cursor at record 0 (root to the leftmost leaf)."""
         if self.entries == 0:
             raise IndexError("empty database")
-        pages, slots = [self.root], []
+        pages, slots = [self.root], list[int]()
         self._descend(pages, slots)
         return WalkCursor(tuple(pages), (*slots, 0), 0)
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The LMDBIO and MPI-Caffe presets as one Loader source (LMDBIO journal §3-4, MPI-Caffe).
 
 Who reads what, how and when, by preset (the strategy's knobs select it):
@@ -54,6 +55,7 @@ from ..dist import ops as mpi
 from ..errors import FeedlineError
 from ..pipeline.reader import ExtentReader, ReadList, gather
 from ..pipeline.source import RawBatch, Source, SourceContext, register_source
+from ..plan.layout import even_split, even_start
 from .lmdb_readers import (
     Locator,
     MmapCursor,
@@ -105,17 +107,6 @@ def _typed(exc: BaseException, path: str) -> BaseException:
     if not isinstance(err, int) or err <= 0:
         err = errno.EIO if os.path.exists(path) else errno.ENOENT
     return StorageError(path, 0, err, f"{path} @ byte 0: cannot open: {type(exc).__name__}: {exc}")
-
-
-def _bound(L, P: int, r):
-    return r * (L // P) + np.minimum(r, L % P)
-
-
-def _split(m: int, k: int, j: int) -> tuple[int, int]:
-    """Part j of m items cut into k contiguous parts (lower parts take the extra)."""
-    q, e = divmod(m, k)
-    lo = j * q + min(j, e)
-    return lo, lo + q + (1 if j < e else 0)
 
 
 def mode_of(strategy) -> str:
@@ -247,7 +238,7 @@ class LmdbioSource(Source):
         lengths = None
         failure = None
         if self.is_reader:
-            lo, hi = _split(len(unit_ids), k, self.j)
+            lo, hi = even_split(len(unit_ids), k, self.j)
             dest = half[lo * self.max_len : hi * self.max_len]
             try:
                 lengths = self._read_part(step, unit_ids[lo:hi], dest)
@@ -273,15 +264,15 @@ class LmdbioSource(Source):
         src = np.zeros(len(unit_ids), dtype=np.int64)
         size = np.zeros(len(unit_ids), dtype=np.int64)
         for p, ln in enumerate(parts):
-            lo, hi = _split(len(unit_ids), k, p)
+            lo, hi = even_split(len(unit_ids), k, p)
             size[lo:hi] = ln
             if hi > lo:
                 src[lo] = lo * self.max_len
                 src[lo + 1 : hi] = lo * self.max_len + np.cumsum(ln[:-1])
         L = plan.step_len(step)  # the global step: sub-batch bounds are over all ranks
         P = plan.world.size
-        a = int(_bound(L, P, self.ctx.rank) - _bound(L, P, self.node_ranks.start))
-        b = int(_bound(L, P, self.ctx.rank + 1) - _bound(L, P, self.node_ranks.start))
+        a = int(even_start(L, P, self.ctx.rank) - even_start(L, P, self.node_ranks.start))
+        b = int(even_start(L, P, self.ctx.rank + 1) - even_start(L, P, self.node_ranks.start))
         if a == b:
             return RawBatch.empty()
         data = gather(half, src[a:b], size[a:b])

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench async``: Tables II-V and Figs. 9-10 of the asynchronous-I/O paper.
 
 For CosmoFlow- and Neuron-Inverter-shaped HDF5 data (generated, or ``--path``), the four
@@ -43,13 +44,14 @@ from feedline_tools.bench import report
 from feedline_tools.bench.digest import DeliveryRecorder
 from feedline_tools.bench.harness import RunSpec, add_common_arguments, is_root, run_scenario
 from feedline_tools.bench.runners import (
-    _LOADER_STATS,
     DatasetSpec,
     LoaderRunner,
+    PerFileSamples,
     RunContext,
     RunOutcome,
     _PeerBase,
     register_runner,
+    sample_loader,
 )
 from feedline_tools.bench.worker import under_mpiexec, world_comm
 
@@ -262,15 +264,7 @@ class TimedLoaderRunner(LoaderRunner):
     def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
         out, tm = RunOutcome(), _Timing(self.model)
         t0 = time.perf_counter()
-        loader = self._loader = self._Loader(
-            self._ds,
-            ctx.batch_size,
-            preset=self.preset,
-            seed=ctx.seed,
-            comm=ctx.comm,
-            decode=False,
-            **self.options,
-        )
+        loader = self._open(ctx)
         steps = len(loader) if ctx.steps is None else min(ctx.steps, len(loader))
         loader.set_epoch(0)
         it = iter(loader)
@@ -290,13 +284,7 @@ class TimedLoaderRunner(LoaderRunner):
                     data = np.ascontiguousarray(batch.data)
                     rec.add(epoch * steps + step, batch.ids, batch.lengths, data)
                     tm.compute(ctx, data, batch.lengths)
-        stats = dict(loader.stats() or {})
-        for key, names in _LOADER_STATS.items():
-            for nm in names:
-                if isinstance(stats.get(nm), int | float):
-                    setattr(out, key, stats[nm])
-                    break
-        out.extra = {k: v for k, v in stats.items() if isinstance(v, int | float | str | bool)}
+        self._report(loader, out)
         out.extra |= tm.extra() | {"epochs": self.epochs}
         return out
 
@@ -304,44 +292,25 @@ class TimedLoaderRunner(LoaderRunner):
 # ------------------------------------------------------------------ the h5py peer
 
 
-class _H5Samples:
-    """Map-style dataset: sample i is row ``i - first[file]`` of the HDF5 dataset, read
-    with h5py (one file handle per process, opened lazily so forked workers own theirs)."""
+class _H5Samples(PerFileSamples):
+    """Sample i is row ``i - first[file]`` of the HDF5 dataset, read with h5py."""
 
     def __init__(self, files: list[str], file_ids: np.ndarray, name: str) -> None:
-        self.files = list(files)
-        self.file_ids = np.asarray(file_ids)
+        super().__init__(files, file_ids)
         self.first = np.searchsorted(self.file_ids, np.arange(len(self.files)))
         self.name = name
-        self._h: dict[int, Any] = {}
 
-    def __getstate__(self) -> dict[str, Any]:
-        d = self.__dict__.copy()
-        d["_h"] = {}
-        return d
-
-    def __len__(self) -> int:
-        return len(self.file_ids)
-
-    def __getitem__(self, i: int) -> tuple[int, bytes]:
+    def _open(self, fid: int) -> Any:
         import h5py
 
+        return h5py.File(self.files[fid], "r")[self.name]
+
+    def _close(self, handle: Any) -> None:
+        handle.file.close()
+
+    def __getitem__(self, i: int) -> tuple[int, bytes]:
         fid = int(self.file_ids[i])
-        h = self._h.get(fid)
-        if h is None:
-            h = self._h[fid] = h5py.File(self.files[fid], "r")[self.name]
-        return int(i), h[int(i - self.first[fid])].tobytes()
-
-    def close(self) -> None:
-        for h in self._h.values():
-            h.file.close()
-        self._h.clear()
-
-
-def _collate(items: list[tuple[int, bytes]]) -> tuple[np.ndarray, np.ndarray, bytes]:
-    ids = np.fromiter((i for i, _ in items), dtype=np.int64, count=len(items))
-    lens = np.fromiter((len(b) for _, b in items), dtype=np.int64, count=len(items))
-    return ids, lens, b"".join(b for _, b in items)
+        return int(i), self.handle(fid)[int(i - self.first[fid])].tobytes()
 
 
 @register_runner("torch-h5py")
@@ -373,7 +342,7 @@ class TorchH5Runner(_PeerBase):
 
     def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
         try:
-            from torch.utils.data import DataLoader
+            import torch.utils.data  # noqa: F401
         except ImportError as e:
             raise ConfigError("the 'torch-h5py' runner needs PyTorch") from e
         index = self._index
@@ -383,15 +352,12 @@ class TorchH5Runner(_PeerBase):
         out, tm = RunOutcome(), _Timing(self.model)
         t0 = time.perf_counter()
         self._ds = _H5Samples(index.files, index.file_ids, name)
-        kw: dict[str, Any] = {"num_workers": self.workers, "collate_fn": _collate}
-        if self.workers > 0:
-            kw.update(prefetch_factor=self.prefetch, multiprocessing_context="fork")
         tm.startup_s = time.perf_counter() - t0
         with _dropper(ctx, index.files, self.epochs, self.evict_ms):
             for epoch, steps in enumerate(self._epoch_steps):
                 t0 = time.perf_counter()
                 batches = [s.tolist() for s in steps]
-                it = iter(DataLoader(self._ds, batch_sampler=batches, **kw))
+                it = iter(sample_loader(self._ds, batches, self.workers, self.prefetch))
                 if epoch == 0:
                     tm.startup_s += time.perf_counter() - t0
                 tm.epoch()
@@ -848,14 +814,7 @@ def plot(result: dict[str, Any], out_dir: str) -> list[str]:
 
 
 def emit(result: dict[str, Any], args: argparse.Namespace) -> None:
-    text = markdown(result)
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "async.md"), "w") as f:
-        f.write(text)
-    report.write_json(result, args.json or os.path.join(args.out, "async.json"))
-    if not args.no_plots:
-        plot(result, args.out)
+    report.emit_scenario(result, args, "async", markdown(result), lambda: plot(result, args.out))
 
 
 def load(path: str) -> dict[str, Any]:

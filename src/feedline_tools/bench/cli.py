@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench SCENARIO``: side-by-side measurements.
 
 Each scenario is a module with ``add_arguments(parser)`` and ``run(args) -> int``; it is

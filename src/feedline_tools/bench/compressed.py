@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Compressed science data: feedline vs h5py reading one gzip+shuffle chunked HDF5 file.
 
 The file is the issue's shape — N samples of side x side x 4 float32 (128x128x4 by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench deepio``: DeepIO's evaluation (Figs. 9, 10, 13, Table I, RL) here.
 
 * **Fig. 9** — aggregate read bandwidth vs element size (1 KB ... 1 MB) at ``--ranks``
@@ -121,7 +122,7 @@ def _table1(
     from feedline import deepio
     from feedline.dataset import open_dataset
     from feedline.io import evict
-    from feedline_tools.bench.runners import _collate, _SampleReads
+    from feedline_tools.bench.runners import SampleReads, sample_loader
 
     rows = []
     for place, root in places:
@@ -142,18 +143,9 @@ def _table1(
                             for mb in deepio.batch(order, B, dataset=ds, backend="native"):
                                 got += mb.data.nbytes
                         else:
-                            from torch.utils.data import DataLoader
-
-                            sr = _SampleReads(ds.index)
+                            sr = SampleReads(ds.index)
                             steps = [order[i : i + B].tolist() for i in range(0, len(order), B)]
-                            dl = DataLoader(
-                                sr,
-                                batch_sampler=steps,
-                                num_workers=2,
-                                collate_fn=_collate,
-                                prefetch_factor=2,
-                                multiprocessing_context="fork",
-                            )
+                            dl = sample_loader(sr, steps, workers=2, prefetch=2)
                             for _ids, lens, _raw in dl:
                                 got += int(lens.sum())
                             sr.close()

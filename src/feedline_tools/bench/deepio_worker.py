@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One measurement of ``feedline bench deepio``, run on every rank (under mpiexec).
 
     python -m feedline_tools.bench.deepio_worker CONFIG.json OUT.json
@@ -61,12 +62,12 @@ def _max(comm, x: float) -> float:
 
 def _seq(ds, comm) -> dict[str, Any]:
     """N-to-N sequential reads: each rank reads its contiguous share in 8 MiB preads."""
-    from feedline_tools.bench.runners import split
+    from feedline.plan.layout import even_split
 
     P = comm.Get_size() if comm is not None else 1
     me = comm.Get_rank() if comm is not None else 0
     idx = ds.index
-    lo, hi = split(len(idx), P, me)
+    lo, hi = even_split(len(idx), P, me)
     buf = np.empty(_BLOCK, dtype=np.uint8)
     got = 0
     t0 = time.perf_counter()
@@ -80,7 +81,7 @@ def _seq(ds, comm) -> dict[str, Any]:
             try:
                 pos = a
                 while pos < b:
-                    n = os.preadv(fd, [memoryview(buf)[: min(_BLOCK, b - pos)]], pos)
+                    n = os.preadv(fd, [buf.data[: min(_BLOCK, b - pos)]], pos)
                     if n <= 0:
                         break
                     pos += n
@@ -94,7 +95,7 @@ def _seq(ds, comm) -> dict[str, Any]:
 def _store(cfg, ds, comm, preset: str) -> dict[str, Any]:
     from feedline.loader import Loader
 
-    kw = {"memory_fraction": 1.0, "seed": 1, "decode": False}
+    kw: dict[str, Any] = {"memory_fraction": 1.0, "seed": 1, "decode": False}
     out: dict[str, Any] = {}
     with Loader(ds, int(cfg["batch"]), preset=preset, comm=comm, **kw) as ld:
         for epoch, key in ((0, "cold_s"), (1, "s")):

@@ -1,6 +1,7 @@
+# SPDX-License-Identifier: Apache-2.0
 """The delivery digest: one SHA-256 over what every rank received, in rank order.
 
-DESIGN.md defines it: for each rank in order and each of its steps, rank (u32 LE) and
+docs/benchmarks.md defines it ("What one job does"): for each rank in order and each of its steps, rank (u32 LE) and
 step (u64 LE), then per sample its id (u64 LE), length (u64 LE) and raw record bytes.
 Two runs with the same assignment must produce the same digest whatever their I/O method.
 

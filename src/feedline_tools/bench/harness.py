@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The side-by-side benchmark harness every ``feedline bench`` scenario runs on.
 
 A scenario describes *what* to compare — a list of :class:`RunSpec` (a named runner
@@ -74,7 +75,7 @@ def size_label(n: int) -> str:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None = None) -> None:
-    """The options every scenario takes (DESIGN.md: --json, --ranks, --nodes, --path,
+    """The options every scenario takes (docs/benchmarks.md, "Running a scenario": --json, --ranks, --nodes, --path,
     --quick), plus repeats, artefacts, baseline, emulated compute and step count."""
     g = parser.add_argument_group("harness")
     g.add_argument("--json", metavar="PATH", help="write the result document here")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench index``: how long building an LMDB index takes and how much it reads.
 
 Builds the index of a ``cifar10-large``-shaped LMDB (>= 200 K Caffe Datums of ~3 KB,
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 #: name -> (generator, samples, quick samples, generator options)
-SHAPES = {
+SHAPES: dict[str, tuple[str, int, int, dict[str, Any]]] = {
     "cifar10-large": ("cifar10-large", 200_000, 3_000, {"commit_every": 1000}),
     "imagenet": ("imagenet", 2_000, 40, {"commit_every": 1000}),
 }
@@ -134,6 +135,8 @@ def _feedline(data: str) -> dict[str, Any]:
     dt = time.perf_counter() - t0
     io1 = _storage_read_bytes()
     m = idx.meta
+    if idx.keys is None:  # pragma: no cover - an LMDB index always has its keys
+        raise AssertionError(f"{data}: the LMDB index has no keys")
     return {
         "time_s": dt,
         "bytes_read": int(m["bytes_read"]),

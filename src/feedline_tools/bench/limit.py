@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cold caches and the physical limit of the storage, measured in the same job.
 
 *Cold cache*: every dataset file is evicted from the page cache with
@@ -16,7 +17,6 @@ and moment as the runs it normalises.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import mmap
@@ -27,30 +27,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from feedline.io.engine import evict as _evict
+from feedline.plan.layout import floor_start
+
 _ALIGN = 4096
 DEFAULT_BLOCK = 8 << 20
 
 
 def evict(paths: Iterable[str]) -> int:
-    """Drop the cached pages of *paths* (written back first); return how many files
+    """Drop the cached pages of *paths* with :func:`feedline.io.evict` (written back
+    first), passing over a file that cannot be opened or advised; return how many files
     were evicted."""
     n = 0
     for p in paths:
         try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
+            _evict(p)
+        except OSError:  # StorageError: gone, unreadable, or the advice refused
             continue
-        try:
-            # dirty pages (freshly written data) cannot be dropped; read-only and FUSE
-            # file systems may refuse the sync, and then nothing is dirty there
-            with contextlib.suppress(OSError):
-                os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            n += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        n += 1
     return n
 
 
@@ -145,8 +139,8 @@ def drop_caches(paths: Sequence[str]) -> dict[str, Any]:
 def share(total: int, rank: int, size: int, align: int = _ALIGN) -> tuple[int, int]:
     """Rank's contiguous byte share ``[lo, hi)`` of *total*, boundaries *align*-aligned."""
     units = -(-total // align)
-    lo = units * rank // size * align
-    hi = min(total, units * (rank + 1) // size * align)
+    lo = floor_start(units, size, rank) * align
+    hi = min(total, floor_start(units, size, rank + 1) * align)
     return min(lo, total), hi
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench lmdbio``: the LMDBIO microbenchmark (journal §5.1) on this machine.
 
 Read-only iterations as Caffe would run them, without the training: the global batch

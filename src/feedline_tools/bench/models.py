@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Small torch models for the science benchmarks (CPU-sized, seconds per epoch).
 
 ``SmallCNN`` is two conv/pool blocks and a linear head: enough capacity to learn the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench overhead``: the Loader's CPU cost per sample when the data is in memory.
 
 One process pinned to one core (every thread of the process, including those it starts
@@ -128,7 +129,7 @@ class _PreadRows:
 
     def __getitem__(self, i: int):
         a = np.empty(self.row, dtype=np.uint8)  # writable, so collation needs no copy
-        if os.preadv(self.fd, [a], self.offset + i * self.row) != self.row:
+        if os.preadv(self.fd, [a.data], self.offset + i * self.row) != self.row:
             raise OSError(f"short read of row {i}")
         return a, i % 10
 
@@ -225,7 +226,7 @@ def measure(path: str, batch: int, presets: list[str], peers: list[str], repeats
         for m in mapds.values():
             m.close()
         ds.close()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in runs:
         if name in errors:
             rows.append({"name": name, "error": errors[name]})
@@ -355,11 +356,10 @@ def plot(doc: dict[str, Any], path: str) -> str | None:
 
 
 def emit(doc: dict[str, Any], args: argparse.Namespace) -> None:
-    text = markdown(doc)
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "overhead.md"), "w") as f:
-        f.write(text)
-    report.write_json(doc, args.json or os.path.join(args.out, "overhead.json"))
-    if not args.no_plots:
-        plot(doc, os.path.join(args.out, "overhead.png"))
+    report.emit_scenario(
+        doc,
+        args,
+        "overhead",
+        markdown(doc),
+        lambda: plot(doc, os.path.join(args.out, "overhead.png")),
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Each peer of ``feedline bench peers`` used the way its users use it.
 
 Every entry of :data:`LOADERS` is a function ``(ctx) -> iterator of id arrays``: it
@@ -15,19 +16,21 @@ dropped.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import struct
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 import numpy as np
 
 from feedline.errors import ConfigError
 
 _ID = struct.Struct("<Q")
+P = ParamSpec("P")
 
 
 @dataclass
@@ -81,20 +84,43 @@ def _mark(path: str) -> None:
         f.write("ok\n")
 
 
+def _cached_copy(
+    kind: str, *, mkdir: bool = True
+) -> Callable[
+    [Callable[Concatenate[PeerContext, str, P], None]], Callable[Concatenate[PeerContext, P], str]
+]:
+    """``write(ctx, out, ...)`` becomes ``convert(ctx, ...) -> out``: the copy *kind* of
+    the LMDB is written into *out* the first time (then marked complete) and found after."""
+
+    def wrap(
+        write: Callable[Concatenate[PeerContext, str, P], None],
+    ) -> Callable[Concatenate[PeerContext, P], str]:
+        @functools.wraps(write)
+        def convert(ctx: PeerContext, *args: P.args, **kw: P.kwargs) -> str:
+            out = ctx.copy(kind)
+            if not _done(out):
+                if mkdir:
+                    os.makedirs(out, exist_ok=True)
+                write(ctx, out, *args, **kw)
+                _mark(out)
+            return out
+
+        return convert
+
+    return wrap
+
+
 def _shards(n: int, parts: int) -> list[tuple[int, int]]:
-    from feedline_tools.bench.runners import split
+    from feedline.plan.layout import even_split
 
-    return [split(n, parts, i) for i in range(parts)]
+    return [even_split(n, parts, i) for i in range(parts)]
 
 
-def convert_hdf5(ctx: PeerContext) -> str:
+@_cached_copy("hdf5")
+def convert_hdf5(ctx: PeerContext, out: str) -> None:
     """One HDF5 file: ``data`` (n, L) uint8 Datums, ``ids`` and ``labels``."""
     import h5py
 
-    out = ctx.copy("hdf5")
-    if _done(out):
-        return out
-    os.makedirs(out, exist_ok=True)
     vals = [v for _, v in _records(ctx.lmdb)]
     width = max(len(v) for v in vals)
     if any(len(v) != width for v in vals):
@@ -105,34 +131,24 @@ def convert_hdf5(ctx: PeerContext) -> str:
         f.create_dataset("data", data=arr)
         f.create_dataset("ids", data=ids)
         f.create_dataset("labels", data=label_of(ids, ctx.n, ctx.classes))
-    _mark(out)
-    return out
 
 
-def convert_tfrecord(ctx: PeerContext, files: int = 16) -> str:
+@_cached_copy("tfrecord")
+def convert_tfrecord(ctx: PeerContext, out: str, files: int = 16) -> None:
     """TFRecord shards whose payload is the id (u64 LE) followed by the Datum."""
-    from feedline_tools.generate.writers import _frames
+    from feedline.formats.tfrecord import frames
 
-    out = ctx.copy("tfrecord")
-    if _done(out):
-        return out
-    os.makedirs(out, exist_ok=True)
     vals = [v for _, v in _records(ctx.lmdb)]
     for k, (lo, hi) in enumerate(_shards(len(vals), files)):
         with open(os.path.join(out, f"train-{k:05d}.tfrecord"), "wb") as f:
             for a in range(lo, hi, 4096):
                 b = min(hi, a + 4096)
-                f.write(_frames([_ID.pack(i) + vals[i] for i in range(a, b)]))
-    _mark(out)
-    return out
+                f.write(frames([_ID.pack(i) + vals[i] for i in range(a, b)]))
 
 
-def convert_wds(ctx: PeerContext, shards: int = 16) -> str:
+@_cached_copy("wds")
+def convert_wds(ctx: PeerContext, out: str, shards: int = 16) -> None:
     """WebDataset tar shards: ``{id:09d}.bin`` (the Datum) and ``.cls`` per sample."""
-    out = ctx.copy("wds")
-    if _done(out):
-        return out
-    os.makedirs(out, exist_ok=True)
     vals = [v for _, v in _records(ctx.lmdb)]
     labels = label_of(np.arange(len(vals)), ctx.n, ctx.classes)
     import io
@@ -144,8 +160,6 @@ def convert_wds(ctx: PeerContext, shards: int = 16) -> str:
                     info = tarfile.TarInfo(f"{i:09d}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
-    _mark(out)
-    return out
 
 
 def import_streaming(notes: list[str] | None = None) -> Any:
@@ -177,10 +191,10 @@ def import_streaming(notes: list[str] | None = None) -> Any:
         types.ModuleType(f"torchvision.{m}")
         for m in ("datasets", "transforms", "transforms.functional")
     )
-    ds.VisionDataset = object
-    ds.CIFAR10 = object
-    fn.to_tensor = lambda x: x
-    tv.datasets, tv.transforms, tr.functional = ds, tr, fn
+    vars(ds).update(VisionDataset=object, CIFAR10=object)
+    vars(fn).update(to_tensor=lambda x: x)
+    vars(tv).update(datasets=ds, transforms=tr)
+    vars(tr).update(functional=fn)
     sys.modules.update(
         {
             "torchvision": tv,
@@ -199,20 +213,16 @@ def import_streaming(notes: list[str] | None = None) -> Any:
     return streaming
 
 
-def convert_mds(ctx: PeerContext) -> str:
+@_cached_copy("mds", mkdir=False)
+def convert_mds(ctx: PeerContext, out: str) -> None:
     """MosaicML Streaming MDS shards written with its ``MDSWriter``."""
     MDSWriter = import_streaming().MDSWriter
 
-    out = ctx.copy("mds")
-    if _done(out):
-        return out
     cols = {"id": "int64", "label": "int64", "x": "bytes"}
     labels = label_of(np.arange(ctx.n), ctx.n, ctx.classes)
     with MDSWriter(out=out, columns=cols, size_limit=1 << 26) as w:
         for i, v in _records(ctx.lmdb):
             w.write({"id": i, "label": int(labels[i]), "x": v})
-    _mark(out)
-    return out
 
 
 class _LitItem:
@@ -232,13 +242,11 @@ class _LitItem:
         }
 
 
-def convert_litdata(ctx: PeerContext) -> str:
+@_cached_copy("litdata", mkdir=False)
+def convert_litdata(ctx: PeerContext, out: str) -> None:
     """LitData chunks written by ``litdata.optimize`` (one worker, 64 MB chunks)."""
     import litdata
 
-    out = ctx.copy("litdata")
-    if _done(out):
-        return out
     litdata.optimize(
         fn=_LitItem(ctx.lmdb, ctx.n, ctx.classes),
         inputs=list(range(ctx.n)),
@@ -247,8 +255,6 @@ def convert_litdata(ctx: PeerContext) -> str:
         num_workers=1,
         mode="overwrite",
     )
-    _mark(out)
-    return out
 
 
 # -------------------------------------------------------------------- peers
@@ -329,7 +335,7 @@ class H5Map:
         import h5py
 
         self.path = path
-        self._f = None
+        self._f: Any = None  # the h5py.File, opened in each worker
         with h5py.File(path, "r") as f:
             self.n = len(f["ids"])
 
@@ -354,7 +360,7 @@ def _ids_collate(items: list[tuple[int, Any]]) -> np.ndarray:
 def _torch_loop(ctx: PeerContext, ds: Any, workers: int) -> Iterator[np.ndarray]:
     from torch.utils.data import DataLoader, DistributedSampler
 
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[Any] = DistributedSampler(
         ds, num_replicas=ctx.size, rank=ctx.rank, shuffle=True, seed=ctx.seed
     )
     sampler.set_epoch(0)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One peer on one rank: ``python -m feedline_tools.bench.peer_run CONFIG.json``.
 
 Started by ``feedline bench peers`` in a fresh process per loader and rank count (under

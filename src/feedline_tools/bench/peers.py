@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Peers side by side: the loaders users already run, on the same samples and storage.
 
 The dataset is a class-sorted ``cifar10-large`` LMDB (Caffe Datums of ~3 KB, written by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench readers``: explicit reads vs mmap vs per-sample reads, by block size.
 
 Reproduces LMDBIO Fig. 8 on this machine's storage: the same fixed-length records read

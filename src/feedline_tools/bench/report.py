@@ -1,7 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
 """Benchmark results: the JSON document, a Markdown table and PNG plots.
 
 :func:`build_document` reduces the raw per-rank, per-repeat figures of a job to the
-document DESIGN.md fixes (``{"scenario", "limit_MBps", "baseline", "runs": [...]}``):
+document docs/benchmarks.md describes ("The result document") (``{"scenario", "limit_MBps", "baseline", "runs": [...]}``):
 a run's time is the median over repeats of the job time (the slowest rank; the lower
 median for an even count, so it is one real repeat), its other figures come from that
 repeat, and each rank's *skew* is how long it waited for
@@ -183,7 +184,9 @@ def _median_index(values: list[float]) -> int:
 
 
 def _limit_summary(limits: list[Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    per_repeat, methods, errors = [], set(), []
+    per_repeat: list[float] = []
+    methods: set[str] = set()
+    errors: list[str] = []
     for ranks in limits:
         if not ranks:
             continue
@@ -410,6 +413,21 @@ def write_json(doc: dict[str, Any], path: str) -> str:
         json.dump(doc, f, indent=1, allow_nan=False)
     os.replace(tmp, path)
     return path
+
+
+def emit_scenario(
+    doc: dict[str, Any], args: Any, name: str, text: str, plot: Callable[[], Any]
+) -> None:
+    """A scenario's artefacts: print its markdown *text* and write it to
+    ``<args.out>/<name>.md``, *doc* to ``args.json`` or ``<args.out>/<name>.json``, and
+    call *plot* unless ``args.no_plots``."""
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{name}.md"), "w") as f:
+        f.write(text)
+    write_json(doc, args.json or os.path.join(args.out, f"{name}.json"))
+    if not args.no_plots:
+        plot()
 
 
 # ------------------------------------------------------------------------ plots

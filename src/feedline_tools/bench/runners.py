@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Runners: the named configurations a benchmark compares, and the built-in peers.
 
 A runner executes one configuration on one rank for a number of steps and delivers,
@@ -62,7 +63,7 @@ class DatasetSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
     def path_for(self, node: int) -> str:
-        """The path as seen from *node* (DESIGN.md: node = rank·M // P)."""
+        """The path as seen from *node* (docs/planner.md: node = rank·M // P)."""
         return self.path.replace("{node}", str(node))
 
     def to_json(self) -> dict[str, Any]:
@@ -159,14 +160,6 @@ def records_index(
 # ------------------------------------------------------------------- assignment
 
 
-def split(m: int, parts: int, i: int) -> tuple[int, int]:
-    """``[lo, hi)`` of part *i* when *m* items are cut into *parts* contiguous parts
-    whose sizes differ by at most one, lower parts taking the extra."""
-    base, extra = divmod(m, parts)
-    lo = i * base + min(i, extra)
-    return lo, lo + base + (1 if i < extra else 0)
-
-
 def assignment(
     kind: str,
     n: Any,
@@ -220,10 +213,9 @@ class RunContext:
 
     def my_steps(self, n: int | None = None, epoch: int = 0) -> list[np.ndarray]:
         """This rank's sample ids per step of *epoch* under the peers' assignment."""
-        n = self.source.index if n is None else n  # the index: record lengths size tiles
         return assignment(
             self.assignment,
-            n,
+            self.source.index if n is None else n,  # the index: record lengths size tiles
             self.batch_size,
             self.rank,
             self.size,
@@ -511,7 +503,7 @@ class MmapRunner(_PeerBase):
                 spans = [(base, 0, raw.size)]
             else:
                 src = None
-                dst = np.concatenate([[0], np.cumsum(lens)[:-1]]) if len(ids) else []
+                dst = np.concatenate([[0], np.cumsum(lens)[:-1]]) if len(ids) else np.zeros(0)
                 spans = list(zip(offs.tolist(), list(map(int, dst)), lens.tolist(), strict=True))
             for k, (off, d, ln) in enumerate(spans):
                 m = src if src is not None else self._map(int(fids[k]))
@@ -534,41 +526,80 @@ class MmapRunner(_PeerBase):
         super().close()
 
 
-class _SampleReads:
-    """Map-style dataset of per-sample preads, picklable for DataLoader workers."""
+class PerFileSamples:
+    """Map-style dataset of ``(id, bytes)`` samples spread over files, for a PyTorch
+    ``DataLoader``: one handle per file, opened lazily in each process (handles are
+    dropped when the dataset is pickled, so workers open their own)."""
 
-    def __init__(self, index: Index) -> None:
-        self.files = list(index.files)
-        self.file_ids = np.asarray(index.file_ids)
-        self.offsets = np.asarray(index.offsets)
-        self.lengths = np.asarray(index.lengths)
-        self._fds: dict[int, int] = {}
+    def __init__(self, files: list[str], file_ids: np.ndarray) -> None:
+        self.files = list(files)
+        self.file_ids = np.asarray(file_ids)
+        self._handles: dict[int, Any] = {}
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        d["_fds"] = {}
+        d["_handles"] = {}
         return d
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.file_ids)
 
-    def __getitem__(self, i: int) -> tuple[int, bytes]:
-        fid = int(self.file_ids[i])
-        fd = self._fds.get(fid)
-        if fd is None:
-            fd = self._fds[fid] = os.open(self.files[fid], os.O_RDONLY)
-        return int(i), os.pread(fd, int(self.lengths[i]), int(self.offsets[i]))
+    def handle(self, fid: int) -> Any:
+        """This process's handle of file *fid*."""
+        h = self._handles.get(fid)
+        if h is None:
+            h = self._handles[fid] = self._open(fid)
+        return h
+
+    def _open(self, fid: int) -> Any:
+        raise NotImplementedError
+
+    def _close(self, handle: Any) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for h in self._handles.values():
+            self._close(h)
+        self._handles.clear()
 
 
-def _collate(items: list[tuple[int, bytes]]) -> tuple[np.ndarray, np.ndarray, bytes]:
+class SampleReads(PerFileSamples):
+    """One ``pread`` per sample."""
+
+    def __init__(self, index: Index) -> None:
+        super().__init__(index.files, index.file_ids)
+        self.offsets = np.asarray(index.offsets)
+        self.lengths = np.asarray(index.lengths)
+
+    def _open(self, fid: int) -> int:
+        return os.open(self.files[fid], os.O_RDONLY)
+
+    def _close(self, handle: int) -> None:
+        os.close(handle)
+
+    def __getitem__(self, i: int) -> tuple[int, bytes]:
+        fd = self.handle(int(self.file_ids[i]))
+        return int(i), os.pread(fd, int(self.lengths[i]), int(self.offsets[i]))
+
+
+def collate_samples(items: list[tuple[int, bytes]]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """``(ids, lengths, concatenated bytes)`` of a batch of ``(id, bytes)`` samples."""
     ids = np.fromiter((i for i, _ in items), dtype=np.int64, count=len(items))
     lens = np.fromiter((len(b) for _, b in items), dtype=np.int64, count=len(items))
     return ids, lens, b"".join(b for _, b in items)
+
+
+def sample_loader(ds: PerFileSamples, batches: list[list[int]], workers: int, prefetch: int):
+    """A PyTorch ``DataLoader`` over *ds* fed *batches* as its batch sampler, batches
+    collated by :func:`collate_samples`; *workers* forked processes, *prefetch* batches
+    each."""
+    from torch.utils.data import DataLoader
+
+    kw: dict[str, Any] = {"num_workers": workers, "collate_fn": collate_samples}
+    if workers > 0:
+        kw.update(prefetch_factor=prefetch, multiprocessing_context="fork")
+    # torch's stubs want a Dataset subclass; DataLoader takes any map-style dataset
+    return DataLoader(ds, batch_sampler=batches, **kw)  # type: ignore[arg-type]
 
 
 @register_runner("torch")
@@ -579,20 +610,17 @@ class TorchRunner(_PeerBase):
     def __init__(self, arg: str | None = None, workers: int = 2, prefetch: int = 2) -> None:
         super().__init__(arg)
         self.workers, self.prefetch = int(workers), int(prefetch)
-        self._ds: _SampleReads | None = None
+        self._ds: SampleReads | None = None
 
     def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
         try:
-            from torch.utils.data import DataLoader
+            import torch.utils.data  # noqa: F401
         except ImportError as e:
             raise ConfigError("the 'torch' runner needs PyTorch (pip install torch)") from e
         out = RunOutcome()
-        self._ds = _SampleReads(self._index)
-        kw: dict[str, Any] = {"num_workers": self.workers, "collate_fn": _collate}
-        if self.workers > 0:
-            kw.update(prefetch_factor=self.prefetch, multiprocessing_context="fork")
+        self._ds = SampleReads(self._index)
         batches = [s.tolist() for s in self._steps]
-        it = iter(DataLoader(self._ds, batch_sampler=batches, **kw))
+        it = iter(sample_loader(self._ds, batches, self.workers, self.prefetch))
         for step in range(len(batches)):
             t0 = time.perf_counter()
             ids, lens, raw = next(it)
@@ -709,9 +737,9 @@ class LoaderRunner:
         self._ds = ctx.source.dataset
         _ = self._ds.index  # index building is the 'index' scenario's business, not ours
 
-    def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
-        out = RunOutcome()
-        loader = self._loader = self._Loader(
+    def _open(self, ctx: RunContext) -> Any:
+        """The run's Loader (closed by :meth:`close`)."""
+        self._loader = self._Loader(
             self._ds,
             ctx.batch_size,
             preset=self.preset,
@@ -720,6 +748,22 @@ class LoaderRunner:
             decode=False,
             **self.options,
         )
+        return self._loader
+
+    @staticmethod
+    def _report(loader: Any, out: RunOutcome) -> None:
+        """The figures of ``loader.stats()`` into *out*; every scalar into ``out.extra``."""
+        stats = dict(loader.stats() or {})
+        for key, names in _LOADER_STATS.items():
+            for nm in names:
+                if isinstance(stats.get(nm), int | float):
+                    setattr(out, key, stats[nm])
+                    break
+        out.extra = {k: v for k, v in stats.items() if isinstance(v, int | float | str | bool)}
+
+    def run(self, ctx: RunContext, rec: DeliveryRecorder) -> RunOutcome:
+        out = RunOutcome()
+        loader = self._open(ctx)
         loader.set_epoch(0)
         steps = len(loader) if ctx.steps is None else min(ctx.steps, len(loader))
         it = iter(loader)
@@ -729,13 +773,7 @@ class LoaderRunner:
             out.exposed_io_s += time.perf_counter() - t0
             rec.add(step, batch.ids, batch.lengths, np.ascontiguousarray(batch.data))
             ctx.compute()
-        stats = dict(loader.stats() or {})
-        for key, names in _LOADER_STATS.items():
-            for nm in names:
-                if isinstance(stats.get(nm), int | float):
-                    setattr(out, key, stats[nm])
-                    break
-        out.extra = {k: v for k, v in stats.items() if isinstance(v, int | float | str | bool)}
+        self._report(loader, out)
         return out
 
     def close(self) -> None:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline bench shuffle``: how random each plan's order is (DeepIO RL) and what that
 does to learning.
 
@@ -142,7 +143,7 @@ def load_dataset(path: str) -> tuple[np.ndarray, np.ndarray]:
     x = y = None
     with Loader(ds, 1024, preset="tf", shuffle=False, decode=True) as loader:
         for b in loader:
-            if x is None:
+            if x is None or y is None:
                 x = np.empty((n, *b.data.shape[1:]), dtype=b.data.dtype)
                 y = np.empty(n, dtype=np.int64)
             x[b.ids] = b.data
@@ -330,13 +331,9 @@ def plot(doc: dict[str, Any], path: str) -> str | None:
 
 def emit(doc: dict[str, Any], args: argparse.Namespace) -> None:
     text = markdown(doc)
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "shuffle.md"), "w") as f:
-        f.write(text)
     # JSON keys must be strings
     for c in doc["calibration"]:
         c["feedline"] = {str(k): v for k, v in c["feedline"].items()}
-    report.write_json(doc, args.json or os.path.join(args.out, "shuffle.json"))
-    if not args.no_plots:
-        plot(doc, os.path.join(args.out, "shuffle.png"))
+    report.emit_scenario(
+        doc, args, "shuffle", text, lambda: plot(doc, os.path.join(args.out, "shuffle.png"))
+    )

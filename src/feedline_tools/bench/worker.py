@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every MPI rank of a benchmark job runs: ``python -m feedline_tools.bench.worker CONFIG``.
 
 Every run first does one untimed warm-up step. Then, for each repeat, the job measures

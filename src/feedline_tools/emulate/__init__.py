@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Storage emulator: one machine behaves like a small cluster on a parallel file system.
 
 A FUSE daemon (``feedline-fuse``, C++ on libfuse3) mounts ``MNT/node0`` ...

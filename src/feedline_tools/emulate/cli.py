@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``feedline emulate``: mount, inspect and unmount the storage emulator.
 
   feedline emulate up SRC MNT --nodes M [--config FILE] [--latency-us X ...]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Measure the emulator's own overhead on this machine.
 
 One synchronous reader does sequential ``O_DIRECT`` reads of a file in the host cache

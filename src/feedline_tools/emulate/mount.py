@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Start, attach to, query and stop the ``feedline-fuse`` daemon.
 
 The daemon runs in the foreground as a child process and prints ``ready PID`` once the
@@ -128,6 +129,14 @@ def log_path_for(mnt: str | os.PathLike[str]) -> str:
     return os.path.join(tempfile.gettempdir(), f"feedline-fuse-{digest}.log")
 
 
+def _emulator_root(path: str | os.PathLike[str]) -> str:
+    """The mount point of the emulator mount holding *path*; ConfigError when none does."""
+    root = mount_root(path)
+    if root is None:
+        raise ConfigError(f"{os.fspath(path)} is not on a feedline emulator mount")
+    return root
+
+
 def _force_unmount(mnt: str) -> None:
     """Lazily detach *mnt* (after the daemon died, the mount only answers ENOTCONN)."""
     for cmd in (["fusermount3", "-u", "-z", mnt], ["umount", "-l", mnt]):
@@ -146,9 +155,7 @@ def unmount(path: str | os.PathLike[str], timeout: float = 10.0) -> None:
     ConfigError
         *path* is not on an emulator mount.
     """
-    root = mount_root(path)
-    if root is None:
-        raise ConfigError(f"{os.fspath(path)} is not on a feedline emulator mount")
+    root = _emulator_root(path)
     try:
         emu = Emulator.attach(root)
     except (OSError, ValueError, KeyError):
@@ -229,9 +236,7 @@ class Emulator:
         ConfigError
             *path* is not inside an emulator mount.
         """
-        root = mount_root(path)
-        if root is None:
-            raise ConfigError(f"{os.fspath(path)} is not on a feedline emulator mount")
+        root = _emulator_root(path)
         with open(os.path.join(root, STATS_FILE)) as f:
             info = json.load(f)
         known = set(EmulatorParams.names())

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Parameters of the storage emulator's model, their defaults and the config file.
 
 The defaults resemble the papers' GPFS/Lustre/BeeGFS setups scaled to one machine: a
@@ -111,7 +112,7 @@ class EmulatorParams:
         typed = {}
         for f in dataclasses.fields(self):
             if f.name in changes:
-                kind = type(f.default)
+                kind: type[Any] = type(f.default)
                 try:
                     typed[f.name] = kind(changes[f.name])
                 except (TypeError, ValueError):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Synthetic datasets shaped like the papers' (``feedline make``), by name.
 
 A generator is a :class:`Spec`: a writer plus a table of options with defaults, from

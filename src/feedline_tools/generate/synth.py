@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Synthetic samples with learnable structure, generated in vectorised batches.
 
 Every sample has a *canonical id* j in [0, N); its content is a pure function of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Writers: synthetic samples into LMDB, HDF5, binary records, TFRecord and npy files.
 
 Each writer takes a :class:`Job` (output directory, sample count, seed, the canonical id
@@ -21,13 +22,8 @@ import numpy as np
 
 from feedline.errors import ConfigError
 from feedline.formats.datum_write import datum_prefix, encode_datum, label_suffix, varint
-from feedline_tools.generate import crc32c as _crc
+from feedline.plan.layout import floor_start
 from feedline_tools.generate.synth import CosmoSynth, ImageSynth, NeuronSynth, class_of
-
-try:  # the native CRC32C (SSE4.2) when the extension has it; numpy otherwise
-    from feedline._core import masked_crc32c as _native_masked_crc
-except ImportError:  # pragma: no cover - extension not built
-    _native_masked_crc = None
 
 _BATCH_BYTES = 8 << 20  # synthesise ~8 MiB per batch: vectorised, yet small in memory
 _MiB = 1 << 20
@@ -73,7 +69,7 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
         raise ConfigError(f"files must be >= 1, got {parts}")
     if parts > n:
         raise ConfigError(f"cannot split {n} samples into {parts} files (files must be <= samples)")
-    edges = [i * n // parts for i in range(parts + 1)]
+    edges = [floor_start(n, parts, i) for i in range(parts + 1)]
     return list(itertools.pairwise(edges))
 
 
@@ -359,34 +355,10 @@ def _example(image: bytes, label: int, shape: tuple[int, ...]) -> bytes:
     return ld(1, entries)  # Example.features = 1
 
 
-def _frames(payloads: list[bytes]) -> bytes:
-    """TFRecord framing: u64 length, masked CRC of length, data, masked CRC of data."""
-    n = len(payloads)
-    lengths = np.array([len(p) for p in payloads], dtype="<u8")
-    head = np.empty((n, 12), dtype=np.uint8)
-    head[:, :8] = lengths.view(np.uint8).reshape(n, 8)
-    tail = np.empty(n, dtype="<u4")
-    if _native_masked_crc is not None:
-        heads = head[:, 8:].view("<u4").reshape(n)
-        for i, p in enumerate(payloads):
-            heads[i] = _native_masked_crc(np.ascontiguousarray(head[i, :8]))
-            tail[i] = _native_masked_crc(np.frombuffer(p, dtype=np.uint8))
-    else:
-        head[:, 8:] = (
-            _crc.mask(_crc.crc32c_rows(head[:, :8])).astype("<u4").view(np.uint8).reshape(n, 4)
-        )
-        for length in np.unique(lengths):  # vectorised over rows of equal length
-            rows = np.flatnonzero(lengths == length)
-            block = np.frombuffer(b"".join(payloads[i] for i in rows), dtype=np.uint8)
-            tail[rows] = _crc.mask(_crc.crc32c_rows(block.reshape(len(rows), int(length))))
-    tail_b = tail.view(np.uint8).reshape(n, 4)
-    return b"".join(head[i].tobytes() + payloads[i] + tail_b[i].tobytes() for i in range(n))
-
-
 def write_tfrecord(job: Job) -> dict[str, Any]:
     """TFRecord files of raw (label + pixels) or ``tf.train.Example`` payloads, optionally
     gzip-compressed (one gzip member per ``records_per_member`` records, or one member)."""
-    from feedline.formats.tfrecord import TFRecordWriter
+    from feedline.formats.tfrecord import TFRecordWriter, frames
 
     synth = _image_synth(job)
     payload = job.opts["payload"]
@@ -419,7 +391,7 @@ def write_tfrecord(job: Job) -> dict[str, Any]:
                     for p in pays:
                         f.write(p)
                 else:
-                    f.write_frames(_frames(pays), len(pays))
+                    f.write_frames(frames(pays), len(pays))
                 job.bar.update(b - a)
         files.append(name)
     facts = _image_facts(job, synth)

@@ -1,6 +1,8 @@
-"""CRC-32C (Castagnoli), vectorised over many equal-length messages with numpy.
+# SPDX-License-Identifier: Apache-2.0
+"""CRC-32C (Castagnoli) in numpy: the tests' independent oracle for the native CRC32C
+(``feedline._core.crc32c``, ``masked_crc32c``), which the library and the generators use.
 
-TFRecord frames carry masked CRC-32Cs of their length and data. A byte-at-a-time CRC
+Vectorised over many equal-length messages. A byte-at-a-time CRC
 loop in Python runs at a few MB/s; this one uses linearity instead. The reflected CRC
 step ``c' = T[(c ^ b) & 0xff] ^ (c >> 8)`` is affine over GF(2), so the register after
 a block of K bytes is ``S^K(c)`` XOR the XOR of per-position tables ``P[p][byte]``
