@@ -9,11 +9,11 @@ import itertools
 import numpy as np
 import pytest
 
-from feedline.pipeline.store import _Rounds, _share
 from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
 from feedline.plan.cost import PROFILES, estimate, shape_of
 from feedline.plan.rl import randomization_level, rl_memory
 from feedline.plan.store_cost import store_estimate
+from feedline.sources.store import _Rounds, _share
 
 
 def _plans(n, P, M, R, B, seed=4, epoch=1):

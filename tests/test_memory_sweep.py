@@ -96,9 +96,9 @@ def test_group_span_is_the_widest_group_read():
     with holes, several files and groups that straddle a file boundary."""
     import numpy as np
 
-    from feedline.pipeline.grouped import _WHOLE, group_span
     from feedline.pipeline.reader import coalesce
     from feedline.plan.records import IndexRecords
+    from feedline.sources.grouped import _WHOLE, group_span
 
     rng = np.random.default_rng(5)
     n = 997

@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
 from loader_common import write_records
 
 from feedline import ConfigError, Loader, open_dataset
-from feedline.pipeline.source import (
+from feedline.plan.strategy import PRESETS
+from feedline.sources.base import (
     PRESET_SOURCES,
     SOURCE_MODULES,
     SOURCES,
@@ -39,7 +40,6 @@ from feedline.pipeline.source import (
     _load,
     source_name_for,
 )
-from feedline.plan.strategy import PRESETS
 from feedline.testing import check_source, check_storage_error
 
 HERE = os.path.dirname(__file__)
@@ -483,6 +483,6 @@ def test_a_name_taken_by_another_class_is_refused(opened):
     class Impostor(ToySource):
         name = "direct"
 
-    with pytest.raises(ValueError, match=r"taken by feedline\.pipeline\.direct"):
+    with pytest.raises(ValueError, match=r"taken by feedline\.sources\.direct"):
         check_source(Impostor, opened["rec"], batch_size=B)
     assert SOURCES["direct"].__name__ == "DirectSource"

@@ -191,8 +191,8 @@ def test_store_resume_at_every_step_is_bit_exact(cifar, R):
 )
 def test_round_ids_are_the_rounds_positions(n, R, B):
     # the store lists a round's ids from its units; they are the ids at its positions
-    from feedline.pipeline.store import _Rounds
     from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
+    from feedline.sources.store import _Rounds
 
     strat = get_strategy("deepio-ordered", memory_fraction=R)
     plan = make_plan(FlatRecords(n, 100), WorldSpec(3, 1), strat, 4, 1, B)

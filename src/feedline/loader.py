@@ -42,8 +42,8 @@ from .pipeline.options import PipelineOptions, default_buffer, pipeline_options
 from .pipeline.passes import _AGREEING
 from .pipeline.passes import Epoch as _Epoch
 from .pipeline.runner import EpochRun, inline_run
-from .pipeline.source import SOURCES, RawBatch, Source, SourceContext, source_name_for
 from .pipeline.world import LoaderWorld, resolve_world
+from .sources.base import SOURCES, RawBatch, Source, SourceContext, source_name_for
 from .units import format_bytes
 
 __all__ = ["Batch", "Loader"]
@@ -779,7 +779,7 @@ def _close_all() -> None:  # at interpreter exit: never leave reader threads beh
             with contextlib.suppress(Exception):
                 loader.close()
     finally:  # a store that gave up (Ctrl-C) still owes its peers one collective
-        store = sys.modules.get("feedline.pipeline.store")
+        store = sys.modules.get("feedline.sources.store")
         if store is not None:
             store.flush_orphans()
 

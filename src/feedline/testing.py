@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Conformance checks for Loader sources: run them against your own source.
 
-A *source* (:mod:`feedline.pipeline.source`) brings one rank's raw records for each step
+A *source* (:mod:`feedline.sources.base`) brings one rank's raw records for each step
 of a plan; the Loader does the rest. Every source feedline ships passes the checks of
 this module (``tests/test_sources_conformance.py``), and a source you write should too::
 
@@ -65,17 +65,17 @@ registered for it, else ``feedline``.
 
 Writing a source
 ----------------
-Subclass :class:`feedline.pipeline.source.Source`, give it a unique ``name`` and
+Subclass :class:`feedline.sources.base.Source`, give it a unique ``name`` and
 implement ``start(plan, first_step)`` (prepare steps ``first_step, ...`` of the epoch's
 plan for ``self.ctx.rank``; it is called again for every pass, possibly with another
 plan or first step, after ``stop`` or ``finish``), ``get(step)`` (called in step
-order: return a :class:`~feedline.pipeline.source.RawBatch` with the ids of
+order: return a :class:`~feedline.sources.base.RawBatch` with the ids of
 ``plan.samples(self.ctx.rank, step)`` in that order, their stored bytes concatenated —
 ``self.ctx.dataset.index.extent(i)`` gives ``(file_id, offset, length)`` in
 ``self.ctx.dataset.files``, :meth:`~feedline.Dataset.read` the record — and their
 lengths as int64) and ``stats()`` (a dict of counters); override ``stop`` (drop the
 pass: cancel reads, join threads), ``request_stop`` (make a blocked ``get`` raise
-:class:`~feedline.pipeline.source.SourceStopped` promptly, from any thread) and
+:class:`~feedline.sources.base.SourceStopped` promptly, from any thread) and
 ``close`` (release everything; a second call does nothing) as soon as the source holds
 threads, buffers or file descriptors, and ``memory_bytes(plan)`` if it buffers.
 Storage failures must surface from ``get`` (or ``start``) as the typed errors above,
@@ -96,7 +96,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, CorruptDataError, FeedlineError, StaleDatasetError, StorageError
-from .pipeline.source import PRESET_SOURCES, SOURCES, Source, _load, register_source
+from .sources.base import PRESET_SOURCES, SOURCES, Source, _load, register_source
 
 __all__ = [
     "STORAGE_ERRORS",

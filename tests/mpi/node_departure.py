@@ -37,7 +37,7 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.dirname(__file__))
 from loader_common import open_records, record_bytes
 
-import feedline.pipeline.node as node_mod
+import feedline.sources.node as node_mod
 from feedline import Loader
 from feedline.errors import FeedlineError
 from feedline.plan import Strategy

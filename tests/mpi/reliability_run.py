@@ -62,7 +62,7 @@ def _die() -> None:
 def arm_kill(point: str, n: int) -> None:
     """Wrap the function that marks POINT so that its n-th call kills this process."""
     from feedline.dist import world as W
-    from feedline.pipeline import node as N
+    from feedline.sources import node as N
 
     count = [0]
 
@@ -158,12 +158,8 @@ def main() -> None:
             os.unlink(ds.files[-1])
         comm.Barrier()
     if a.fail and rank == int(a.fail.split(":")[0]):
-        import feedline.pipeline.direct
-        import feedline.pipeline.grouped
-        import feedline.pipeline.node
-        import feedline.sources.lmdbio  # noqa: F401
         from feedline.errors import StorageError
-        from feedline.pipeline import source as S
+        from feedline.sources import base as S
 
         at = int(a.fail.split(":")[1])
         for cls in list(S.SOURCES.values()):

@@ -20,7 +20,7 @@ import time
 from mpi4py import MPI
 
 from feedline import Loader, open_dataset
-from feedline.pipeline.store import StorePeerDied
+from feedline.sources.store import StorePeerDied
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()

@@ -22,8 +22,8 @@ import numpy as np
 from mpi4py import MPI
 
 from feedline import FeedlineError, Loader, StorageError, open_dataset
-from feedline.pipeline import store
-from feedline.pipeline.store import StoreOutOfStepError, StorePeerFailed, StorePeerLeft
+from feedline.sources import store
+from feedline.sources.store import StoreOutOfStepError, StorePeerFailed, StorePeerLeft
 
 comm = MPI.COMM_WORLD
 rank, P = comm.Get_rank(), comm.Get_size()

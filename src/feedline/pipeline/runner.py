@@ -34,7 +34,7 @@ from typing import Any
 
 from ..dist.alarm import Interrupted
 from ..errors import FeedlineError, StorageTimeoutError
-from .source import RawBatch, Source
+from ..sources.base import RawBatch, Source
 
 _POLL = 0.05  # seconds between checks of the stop flag while blocked
 _GRACE_S = 1.0  # past timeout_s, how long the consumer waits for the reader's own error

@@ -54,8 +54,8 @@ from .. import defaults
 from ..dist import ops as mpi
 from ..errors import FeedlineError
 from ..pipeline.reader import ExtentReader, ReadList, gather
-from ..pipeline.source import RawBatch, Source, SourceContext, register_source
 from ..plan.layout import even_split, even_start
+from .base import RawBatch, Source, SourceContext, register_source
 from .lmdb_readers import (
     Locator,
     MmapCursor,
@@ -495,7 +495,7 @@ class LmdbioSource(Source):
 
     def _index_window(self, r: int) -> None:
         """This rank's samples in window r: (step, slot) order and byte positions."""
-        from ..pipeline.node import window_layout
+        from .node import window_layout
 
         first = self.node_ranks.start if self.aggregated else self.ctx.rank
         self._cur = window_layout(self.plan, self._ops[r], self._steps[r], self.ctx.rank, first)

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .reader import ExtentReader, coalesce, gather
-from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
+from ..pipeline.reader import ExtentReader, coalesce, gather
+from .base import RawBatch, Source, SourceContext, SourceStopped, register_source
 
 _WHOLE = 1 << 62  # merge every extent of a group: one read per group and file
 _POLL = 0.05  # seconds between checks of the stop flag while blocked

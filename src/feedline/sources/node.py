@@ -60,9 +60,9 @@ from ..dist import ops as mpi
 from ..dist.alarm import WaitBound
 from ..dist.world import FreeVote
 from ..errors import FeedlineError
+from ..pipeline.reader import ExtentReader, ReadList, gather
 from ..plan.layout import even_start
-from .reader import ExtentReader, ReadList, gather
-from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
+from .base import RawBatch, Source, SourceContext, SourceStopped, register_source
 
 
 def window_layout(plan, ops, steps: range, rank: int, first_rank: int) -> dict:

@@ -46,8 +46,8 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..dataset import Dataset
+    from ..pipeline.options import PipelineOptions
     from ..plan.plan import Plan
-    from .options import PipelineOptions
 
 
 class SourceStopped(Interrupted):
@@ -175,10 +175,10 @@ def source_name_for(preset: str, explicit: str | None = None) -> str:
 #: table, read lazily (a source module imports this one, never the reverse at import
 #: time). A user-written source registers itself with :func:`register_source`.
 SOURCE_MODULES: dict[str, str] = {
-    "direct": "feedline.pipeline.direct",
-    "grouped": "feedline.pipeline.grouped",
-    "node": "feedline.pipeline.node",
-    "store": "feedline.pipeline.store",
+    "direct": "feedline.sources.direct",
+    "grouped": "feedline.sources.grouped",
+    "node": "feedline.sources.node",
+    "store": "feedline.sources.store",
     "lmdbio": "feedline.sources.lmdbio",
 }
 

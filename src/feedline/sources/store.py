@@ -51,9 +51,9 @@ import numpy as np
 from .. import defaults
 from ..dist import ops as mpi
 from ..errors import ConfigError, CorruptDataError, FeedlineError, StorageError
+from ..pipeline.reader import ExtentReader, coalesce
 from ..plan.layout import floor_start
-from .reader import ExtentReader, coalesce
-from .source import RawBatch, Source, SourceContext, SourceStopped, register_source
+from .base import RawBatch, Source, SourceContext, SourceStopped, register_source
 
 CLOSE_GRACE_S = 5.0
 STALL_S = 10.0  # close() says it is waiting for the others after this long

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .reader import ExtentReader, ReadList, gather
-from .source import RawBatch, Source, SourceContext, register_source
+from ..pipeline.reader import ExtentReader, ReadList, gather
+from .base import RawBatch, Source, SourceContext, register_source
 
 
 class _Window:
