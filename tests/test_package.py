@@ -27,10 +27,7 @@ def test_version_is_pyprojects():
 
 
 def test_native_core_has_the_same_version():
-    native = getattr(_core, "__version__", None)
-    if native is None:
-        pytest.skip("feedline._core exposes no __version__")
-    assert native == feedline.__version__
+    assert _core.__version__ == feedline.__version__
 
 
 def test_every_error_is_exported_at_the_top():

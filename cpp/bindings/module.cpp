@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "bindings.hpp"
 
+#include <feedline/version.hpp>
+
 #include <unistd.h>
 
 #include <atomic>
@@ -62,6 +64,7 @@ void reacquire_gil(PyThreadState* state) noexcept {
 
 NB_MODULE(_core, m) {
   m.doc() = "feedline native core: LMDB page parser, codecs, I/O engine.";
+  m.attr("__version__") = feedline::version();
   feedline::py::note_main_thread();
   feedline::py::register_errors(m);
   feedline::py::register_lmdb(m);
