@@ -58,3 +58,15 @@ def test_mpi_and_launchers_live_in_dist():
         if pat.search(line)
     ]
     assert hits == []
+
+
+def test_no_module_is_over_800_lines():
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    big = {
+        str(p.relative_to(src)): n
+        for p in src.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 800
+    }
+    assert big == {}
