@@ -36,9 +36,9 @@ import numpy as np
 
 from ._perm import derive_key, permute, subkeys
 from .layout import even_part, even_start
-from .streams import Assignment, GroupSlots, register
+from .rl import chunk_size, rl_grouped
+from .stream import Assignment, GroupSlots
 
-DEFAULT_CHUNK = 64
 #: With ``chunk_bytes``, the B batch columns are cut into this many blocks (of about
 #: B // MIN_REGIONS columns), so that a global batch draws from this many places.
 MIN_REGIONS = 16
@@ -62,21 +62,6 @@ class ChunkStream:
         _, group, off = self.slots.locate(q)
         size = self.slots.size_of_group(group)
         return group * self.g + permute(off, size, subkeys(self.inner, group))
-
-
-def chunk_size(n: int, strategy) -> int:
-    """The group size in samples: ``strategy.chunk``, or when 0 the largest power of two up
-    to DEFAULT_CHUNK whose RL reaches ``strategy.rl_floor`` (:func:`feedline.plan.rl.chunk_for_rl`)."""
-    g = strategy.chunk
-    if not g:
-        from .rl import chunk_for_rl
-
-        g = (
-            chunk_for_rl(max(n, 1), strategy.rl_floor, max_chunk=DEFAULT_CHUNK)
-            if strategy.rl_floor > 0
-            else DEFAULT_CHUNK
-        )
-    return max(1, min(g, max(n, 1)))
 
 
 class ColumnChunkStream:
@@ -276,8 +261,6 @@ def tile_shape(n: int, strategy, B: int, S: int, mean_len: float | None) -> tupl
     """
     if not strategy.chunk_bytes or mean_len is None or S < 1 or n <= 1 or B <= 1:
         return chunk_size(n, strategy), B
-    from .rl import rl_grouped
-
     nb = min(MIN_REGIONS, B)
     m = -(-B // nb)
     T = max(1, min(int(np.ceil(strategy.chunk_bytes / max(mean_len, 1.0))), n))
@@ -304,12 +287,10 @@ def _make(n: int, strategy, key, geo, records=None):
     return ChunkStream(n, chunk_size(n, strategy), key)
 
 
-ASSIGNMENT = register(
-    Assignment(
-        name="chunk",
-        make=lambda n, strategy, key: ChunkStream(n, chunk_size(n, strategy), key),
-        layout=lambda strategy: "column" if strategy.chunk_layout == "column" else "rank",
-        world_independent=lambda strategy: strategy.chunk_layout == "column",
-        make_geo=_make,
-    )
+ASSIGNMENT = Assignment(
+    name="chunk",
+    make=lambda n, strategy, key: ChunkStream(n, chunk_size(n, strategy), key),
+    layout=lambda strategy: "column" if strategy.chunk_layout == "column" else "rank",
+    world_independent=lambda strategy: strategy.chunk_layout == "column",
+    make_geo=_make,
 )

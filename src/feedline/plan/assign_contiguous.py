@@ -7,13 +7,11 @@ reads LMDBIO's coalescing makes). Depends on P (and M) by definition."""
 
 from __future__ import annotations
 
-from .streams import Assignment, Identity, register
+from .stream import Assignment, Identity
 
-ASSIGNMENT = register(
-    Assignment(
-        name="contiguous",
-        make=lambda n, strategy, key: Identity(n),
-        layout=lambda strategy: "node" if strategy.region == "node" else "rank",
-        world_independent=lambda strategy: False,
-    )
+ASSIGNMENT = Assignment(
+    name="contiguous",
+    make=lambda n, strategy, key: Identity(n),
+    layout=lambda strategy: "node" if strategy.region == "node" else "rank",
+    world_independent=lambda strategy: False,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._perm import permute
-from .streams import Assignment, register
+from .stream import Assignment
 
 
 class GlobalStream:
@@ -21,11 +21,9 @@ class GlobalStream:
         return permute(q, self.n, self.key)
 
 
-ASSIGNMENT = register(
-    Assignment(
-        name="global",
-        make=lambda n, strategy, key: GlobalStream(n, key),
-        layout=lambda strategy: "row",
-        world_independent=lambda strategy: True,
-    )
+ASSIGNMENT = Assignment(
+    name="global",
+    make=lambda n, strategy, key: GlobalStream(n, key),
+    layout=lambda strategy: "row",
+    world_independent=lambda strategy: True,
 )

@@ -22,9 +22,8 @@ import numpy as np
 
 from ._perm import derive_key, permute, subkeys
 from .layout import even_part, even_start, floor_start
-from .streams import Assignment, GroupSlots, register
-
-DEFAULT_UNIT = 64
+from .rl import unit_size
+from .stream import Assignment, GroupSlots
 
 
 class MemoryStream:
@@ -153,19 +152,12 @@ def _make(n: int, strategy, key: np.uint64, geo, records) -> MemoryStream:
     return MemoryStream(n, g, strategy.memory_fraction, key)
 
 
-def unit_size(n: int, strategy) -> int:
-    g = strategy.chunk or DEFAULT_UNIT
-    return max(1, min(g, max(n, 1)))
-
-
-ASSIGNMENT = register(
-    Assignment(
-        name="memory",
-        make=lambda n, strategy, key: MemoryStream(
-            n, unit_size(n, strategy), strategy.memory_fraction, key
-        ),
-        layout=lambda strategy: "row",
-        world_independent=lambda strategy: strategy.store != "opportunistic",
-        make_geo=_make,
-    )
+ASSIGNMENT = Assignment(
+    name="memory",
+    make=lambda n, strategy, key: MemoryStream(
+        n, unit_size(n, strategy), strategy.memory_fraction, key
+    ),
+    layout=lambda strategy: "row",
+    world_independent=lambda strategy: strategy.store != "opportunistic",
+    make_geo=_make,
 )

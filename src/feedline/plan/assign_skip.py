@@ -5,13 +5,11 @@ passes over the whole file. Depends on P by definition."""
 
 from __future__ import annotations
 
-from .streams import Assignment, Identity, register
+from .stream import Assignment, Identity
 
-ASSIGNMENT = register(
-    Assignment(
-        name="skip",
-        make=lambda n, strategy, key: Identity(n),
-        layout=lambda strategy: "skip",
-        world_independent=lambda strategy: False,
-    )
+ASSIGNMENT = Assignment(
+    name="skip",
+    make=lambda n, strategy, key: Identity(n),
+    layout=lambda strategy: "skip",
+    world_independent=lambda strategy: False,
 )

@@ -4,13 +4,11 @@ rank r the r-th contiguous sub-batch; sequential in the file, no randomness at a
 
 from __future__ import annotations
 
-from .streams import Assignment, Identity, register
+from .stream import Assignment, Identity
 
-ASSIGNMENT = register(
-    Assignment(
-        name="strided",
-        make=lambda n, strategy, key: Identity(n),
-        layout=lambda strategy: "row",
-        world_independent=lambda strategy: True,
-    )
+ASSIGNMENT = Assignment(
+    name="strided",
+    make=lambda n, strategy, key: Identity(n),
+    layout=lambda strategy: "row",
+    world_independent=lambda strategy: True,
 )

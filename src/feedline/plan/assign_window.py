@@ -28,7 +28,7 @@ import numpy as np
 
 from ._perm import permute, subkeys
 from .layout import ceil_start, even_start
-from .streams import Assignment, GroupSlots, register
+from .stream import Assignment, GroupSlots
 
 
 class WindowStream:
@@ -169,11 +169,9 @@ def tile_records(strategy, mean_len: float | None, n: int) -> int:
     return int(max(1, min(n, round(strategy.chunk_bytes / mean_len))))
 
 
-ASSIGNMENT = register(
-    Assignment(
-        name="window",
-        make=lambda n, strategy, key: WindowStream(n, max(strategy.chunk, 1), 1, key, None, "rank"),
-        layout=lambda strategy: "node" if strategy.region == "node" else "rank",
-        world_independent=lambda strategy: False,
-    )
+ASSIGNMENT = Assignment(
+    name="window",
+    make=lambda n, strategy, key: WindowStream(n, max(strategy.chunk, 1), 1, key, None, "rank"),
+    layout=lambda strategy: "node" if strategy.region == "node" else "rank",
+    world_independent=lambda strategy: False,
 )

@@ -188,7 +188,7 @@ def get_profile(
 
 
 def _saved_profile(path: str) -> StorageProfile | None:
-    from ..io.probe import load_saved_profile
+    from ..io.profiles import load_saved_profile
 
     try:
         d = load_saved_profile(path)

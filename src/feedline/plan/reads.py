@@ -143,7 +143,7 @@ def window_steps(plan: Plan) -> int:
     w_cap = cap // max(worst_step, 1)
     steps_max = max(plan.num_steps, 1)
     if s.assignment == "chunk":
-        from .assign_chunk import chunk_size
+        from .rl import chunk_size
 
         # the column layout's slot height (tiles of chunk_bytes may make it larger)
         g = int(getattr(plan._stream, "g", 0)) or chunk_size(plan.n, s)

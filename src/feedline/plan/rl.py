@@ -31,6 +31,32 @@ _BLOCK = 1 << 20
 MODEL_SAMPLES = 1 << 20
 
 
+#: samples per group of the chunk assignment when neither ``chunk`` nor an RL floor
+#: says otherwise (assign_chunk.py)
+DEFAULT_CHUNK = 64
+#: samples per unit of the memory assignment (assign_memory.py, the DeepIO store)
+DEFAULT_UNIT = 64
+
+
+def chunk_size(n: int, strategy) -> int:
+    """The group size in samples: ``strategy.chunk``, or when 0 the largest power of two up
+    to DEFAULT_CHUNK whose RL reaches ``strategy.rl_floor`` (:func:`feedline.plan.rl.chunk_for_rl`)."""
+    g = strategy.chunk
+    if not g:
+        g = (
+            chunk_for_rl(max(n, 1), strategy.rl_floor, max_chunk=DEFAULT_CHUNK)
+            if strategy.rl_floor > 0
+            else DEFAULT_CHUNK
+        )
+    return max(1, min(g, max(n, 1)))
+
+
+def unit_size(n: int, strategy) -> int:
+    """Samples per unit of the memory assignment: ``strategy.chunk``, or DEFAULT_UNIT."""
+    g = strategy.chunk or DEFAULT_UNIT
+    return max(1, min(g, max(n, 1)))
+
+
 def _q_entropy(n: int, logp) -> float:
     """-sum_i Q(i) log2 P(i) for i < n, with ``logp(i)`` = log2 P(i), in blocks."""
     total = 0.0
@@ -118,8 +144,6 @@ def rl_of_strategy(n: int, strategy, *, tile: int | None = None, ranks: int = 1)
     per-column group of :func:`~feedline.plan.assign_chunk.chunk_size` (a strategy
     alone knows neither the batch nor the record lengths that size the tiles).
     """
-    from .assign_chunk import chunk_size
-    from .assign_memory import unit_size
     from .strategy import get_strategy
 
     s = get_strategy(strategy)

@@ -362,7 +362,7 @@ def _group_size(plan) -> int:
     from ..plan.streams import get_assignment
 
     get_assignment("chunk")  # loads the assignment registry as a whole
-    from ..plan.assign_chunk import chunk_size
+    from ..plan.rl import chunk_size
 
     return chunk_size(plan.n, plan.strategy)
 

@@ -50,7 +50,7 @@ def evict(paths: Iterable[str]) -> int:
 
 def fuse_mount_of(path: str) -> str | None:
     """The FUSE mount point that holds *path*, or None (reads ``/proc/self/mounts``)."""
-    from feedline.io.probe import mount_of
+    from feedline.io.profiles import mount_of
 
     m = mount_of(path, "fuse")
     return m[0] if m else None

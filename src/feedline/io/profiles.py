@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where storage profiles are kept: the profile a ``feedline emulate`` mount reports, and
+the profiles ``feedline probe`` saved per file system (under the cache dir). Read by the
+planner's cost model (:func:`feedline.plan.cost.get_profile`) and written by the probe;
+it needs neither."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any
+
+from .. import defaults
+
+EMULATOR_STATS = ".feedline-stats"
+
+
+# --------------------------------------------------------------- mount points
+
+
+def mount_of(path: str, fs_prefix: str = "") -> tuple[str, str] | None:
+    """The (mount point, file system type) that holds *path* (``/proc/self/mounts``,
+    longest prefix); with *fs_prefix*, only mounts whose type starts with it."""
+    real = os.path.realpath(path)
+    best: tuple[str, str] | None = None
+    try:
+        with open("/proc/self/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3 or not parts[2].startswith(fs_prefix):
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and (
+            best is None or len(mnt) > len(best[0])
+        ):
+            best = (mnt, parts[2])
+    return best
+
+
+def emulator_stats(path: str) -> dict[str, Any] | None:
+    """The storage emulator's statistics document if *path* is on one of its mounts."""
+    m = mount_of(path, "fuse")
+    if m is None:
+        return None
+    try:
+        with open(os.path.join(m[0], EMULATOR_STATS)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def emulator_profile(path: str) -> dict[str, Any] | None:
+    """The profile a storage emulator mount reports from its own parameters."""
+    doc = emulator_stats(path)
+    if not doc or "params" not in doc:
+        return None
+    p = doc["params"]
+    per_server = float(p["server_mbps"]) * 1e6
+    return {
+        "name": "emulator",
+        "latency_s": float(p["latency_us"]) * 1e-6,
+        # one stream: bounded by its node link and by the server its request lands on
+        "stream_bw": min(float(p["node_mbps"]) * 1e6, per_server),
+        "node_bw": float(p["node_mbps"]) * 1e6,
+        "aggregate_bw": min(float(p["aggregate_mbps"]) * 1e6, per_server * int(p["servers"])),
+        "streams_per_node": int(p["server_concurrency"]) * int(p["servers"]),
+        "server_streams": int(p["server_concurrency"]) * int(p["servers"]),
+        "seek_s": float(p.get("seek_us", 0.0)) * 1e-6,
+        "shared_cache": "view",
+        "fs_type": "fuse",
+        "source": f"storage emulator at {doc.get('mountpoint')} (its parameters)",
+        "notes": f"{doc.get('nodes')} node views, read-ahead {p.get('readahead_kib')} KiB",
+    }
+
+
+# --------------------------------------------------------------- the cache
+
+
+def _cache_file(path: str) -> str:
+    m = mount_of(path) or ("/", "")
+    key = hashlib.blake2b(f"{m[0]}\0{m[1]}".encode(), digest_size=8).hexdigest()
+    name = (m[1] or "fs").replace("/", "_")
+    return os.path.join(str(defaults.get("cache_dir")), "profiles", f"{name}-{key}.json")
+
+
+def load_saved_profile(path: str) -> dict[str, Any] | None:
+    """The profile of *path*'s file system: the emulator's own, else a saved probe."""
+    emu = emulator_profile(path)
+    if emu is not None:
+        return emu
+    try:
+        with open(_cache_file(path)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def save_profile(path: str, profile: dict[str, Any]) -> str:
+    """Save *profile* for *path*'s file system (atomically); return the file written."""
+    out = _cache_file(path)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out), prefix=".profile-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(profile, f, indent=1)
+    os.replace(tmp, out)
+    return out
