@@ -22,21 +22,12 @@ import pytest
 from feedline import CorruptDataError, Loader, UnsupportedFormatError, open_dataset
 from feedline.formats.tfrecord import frame, write_tfrecord
 from feedline.pipeline.world import LoaderWorld
+from feedline.sources.lmdbio import PRESETS as LMDBIO_SOURCE_PRESETS
 from feedline_tools.make import generate
 
 PRESETS = ["feedline", "tf", "tf-pre", "async", "async-db"]
 #: the LMDBIO / MPI-Caffe presets read other formats located by the index
-LMDBIO_PRESETS = [
-    "lmdb",
-    "lmm",
-    "lmm-dm",
-    "lmm-dio",
-    "lmm-dio-prov",
-    "lmm-dio-prov-coal",
-    "lmm-dio-prov-coal-stag",
-    "skip",
-    "contiguous",
-]
+LMDBIO_PRESETS = list(LMDBIO_SOURCE_PRESETS)
 
 
 def science(n: int, side: int, seed: int = 0) -> np.ndarray:

@@ -368,3 +368,16 @@ def launcher_comm(launch: Launch | None = None) -> Any:
     comm = MPI.COMM_WORLD
     check_mpi_size(launch, comm.Get_size())
     return comm
+
+
+def job_comm(advice: str) -> Any:
+    """The communicator of this job as its launcher started it: ``MPI.COMM_WORLD`` for a
+    multi-process MPI launch or srun step (:func:`launcher_comm`), None for one process.
+    A multi-process torchrun launch without MPI raises :class:`ConfigError` ending with
+    *advice* (what the caller offers instead), so that no rank reads everything."""
+    launch = detect()
+    if launch.mpi_world:
+        return launcher_comm(launch)  # raises when MPI sees 1 of N processes
+    if launch.kind == "torchrun" and launch.multi_process:
+        raise ConfigError(f"started by {launch.describe()} without MPI: {advice}")
+    return None

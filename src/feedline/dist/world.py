@@ -26,7 +26,7 @@ from ..errors import ConfigError, FeedlineError
 from ..plan.world import WorldSpec
 from .alarm import Alarm, pid_alive
 from .alarm import register as register_alarm
-from .launch import detect, launcher_comm
+from .launch import detect, job_comm, launcher_comm
 
 _TOKEN_TAG = 0x7EED
 
@@ -505,14 +505,10 @@ class World:
             wait polls, and watch it at exit (the Loader's worlds).
         """
         if comm is None:
-            launch = detect()
-            if launch.mpi_world:
-                comm = launcher_comm(launch)  # raises when MPI sees 1 of N processes
-            elif launch.kind == "torchrun" and launch.multi_process:
-                raise ConfigError(
-                    f"launched by {launch.describe()} without MPI: feedline needs MPI to "
-                    "split the data; launch with mpiexec/srun (pip install mpi4py mpich)"
-                )
+            comm = job_comm(
+                "feedline needs MPI to split the data; launch with mpiexec/srun "
+                "(pip install mpi4py mpich)"
+            )
         if comm is None:
             return cls(None, nodes=1, node_comm=None, leader_comm=None, emulated=False)
         MPI = _mpi()

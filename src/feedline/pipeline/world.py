@@ -19,7 +19,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..dist.launch import detect, launcher_comm, torch_launch
+from ..dist.launch import detect, job_comm, torch_launch
 from ..errors import ConfigError
 from ..plan.world import WorldSpec
 
@@ -107,16 +107,11 @@ def resolve_world(comm: Any, nodes: int = 0) -> LoaderWorld:
     if isinstance(comm, LoaderWorld):
         return comm
     if comm is None:
-        launch = detect()
-        if launch.mpi_world:
-            comm = launcher_comm(launch)  # raises when MPI sees 1 of N processes
-        elif launch.kind == "torchrun" and launch.multi_process:
-            raise ConfigError(
-                f"started by {launch.describe()} without MPI: use feedline.torch "
-                "(it builds the world from torch.distributed), pass comm=, or launch with "
-                "mpiexec; feedline will not read the whole dataset on every rank"
-            )
-        else:
+        comm = job_comm(
+            "use feedline.torch (it builds the world from torch.distributed), pass comm=, "
+            "or launch with mpiexec; feedline will not read the whole dataset on every rank"
+        )
+        if comm is None:
             return LoaderWorld(0, 1, 1)
     rank, size = int(comm.Get_rank()), int(comm.Get_size())
     if nodes:

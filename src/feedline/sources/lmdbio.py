@@ -33,6 +33,13 @@ On a dataset that is not an LMDB (binary records, HDF5, ...) there is no tree to
 the seeking presets keep their readers, node windows and order but locate records from
 the index (mode ``index``), so MPI-Caffe's patterns can be compared on any file.
 
+Each way of finding and reading records is a mode class in
+:mod:`feedline.sources.lmdbio_modes` (``cursor``: the liblmdb presets, ``dm``, ``dio``,
+``prov``: PROV/COAL/STAG, ``index``; ``stats()["mode"]`` names it); this module holds
+what they share: the readers, the node window, the node meeting, the counters, the
+staggering token. docs/lmdbio.md describes the presets, docs/architecture.md where
+sources sit in the Loader.
+
 All presets deliver the plan's samples, so presets with the same assignment deliver
 identical bytes. The trade-off of running every preset synchronously (read, meet,
 copy, step after step) is that nothing overlaps reading: this source measures the
@@ -43,9 +50,9 @@ printed by :func:`stats_table`.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -53,19 +60,11 @@ import numpy as np
 from .. import defaults
 from ..dist import ops as mpi
 from ..errors import FeedlineError
-from ..pipeline.reader import ExtentReader, ReadList, gather
+from ..pipeline.reader import ExtentReader, gather
 from ..plan.layout import even_split, even_start
 from .base import RawBatch, Source, SourceContext, register_source
-from .lmdb_readers import (
-    Locator,
-    MmapCursor,
-    PageCursor,
-    Speculative,
-    new_counters,
-    open_cursor,
-    read_extents,
-)
-from .lmdb_walk import MAX_DEPTH, WalkCursor
+from .lmdb_readers import new_counters
+from .lmdbio_modes import MODES, _Failed, _Mode
 
 PRESETS = (
     "lmdb",
@@ -78,16 +77,6 @@ PRESETS = (
     "skip",
     "contiguous",
 )
-_TAG = 0x4C4D  # cursor hand-off messages (on this source's own communicator)
-_MSG = 2 + 2 + 2 * MAX_DEPTH  # generation, step, then WalkCursor.pack()
-_LOCATE_RECORDS = 8192  # lmm-dio locates the records of ceil(8192 / B) steps at a time
-
-
-class _Failed:
-    """A reader's failure carried to the other ranks of its node."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
 
 
 def _typed(exc: BaseException, path: str) -> BaseException:
@@ -110,7 +99,9 @@ def _typed(exc: BaseException, path: str) -> BaseException:
 
 
 def mode_of(strategy) -> str:
-    """``cursor`` (liblmdb/mmap), ``dm``, ``dio`` (one locator, pread) or ``prov``."""
+    """``cursor`` (liblmdb/mmap), ``dm``, ``dio`` (one locator, pread) or ``prov``: the
+    mode a strategy's knobs select (``start`` runs ``index`` instead of the seeking
+    modes on a dataset that is not an LMDB)."""
     if strategy.locate == "speculative":
         return "dm"
     if strategy.locate == "seek":
@@ -119,7 +110,13 @@ def mode_of(strategy) -> str:
 
 
 class LmdbioSource(Source):
-    """Readers per the LMDBIO/MPI-Caffe presets; see the module docstring."""
+    """Readers per the LMDBIO/MPI-Caffe presets; see the module docstring.
+
+    What differs between presets lives in a mode object (``feedline.sources.lmdbio_modes``,
+    one per mode name, kept for the source's life); this class holds what they share:
+    the readers and this rank's place, the buffer, the node meeting, the counters, the
+    staggering token, the engine, and the step path of every mode but PROV.
+    """
 
     name = "lmdbio"
     #: the Loader keeps the strategy's ``stagger`` knob for this source (token passing)
@@ -129,14 +126,12 @@ class LmdbioSource(Source):
         super().__init__(ctx)
         self.world = ctx.world
         self.c = new_counters()
+        self._modes: dict[str, _Mode] = {}  # every mode started, by name
+        self._mode: _Mode | None = None  # the current pass's
         self._engine: ExtentReader | None = None
-        self._cursor: MmapCursor | PageCursor | None = None
-        self._spec: Speculative | None = None
-        self._locator: Locator | None = None
         self._shm: Any = None
-        self._comm: Any = None
-        self._sends: list[Any] = []
-        self._gen = 0
+        self._buf: Any = None
+        self._gen = 0  # passes started (tags DM's hand-off messages)
         self._token: Any = None
         self._stop_evt = threading.Event()  # interrupts waits for peers (request_stop)
         self._window_bytes = 0
@@ -163,9 +158,13 @@ class LmdbioSource(Source):
         self._stop_evt.clear()
         self._gen += 1
         st = plan.strategy
-        self.mode = mode_of(st)
-        if self.mode != "prov" and self.ctx.dataset.format != "lmdb":
-            self.mode = "index"  # no B+tree to walk: the same readers, located by the index
+        name = mode_of(st)
+        if name != "prov" and self.ctx.dataset.format != "lmdb":
+            name = "index"  # no B+tree to walk: the same readers, located by the index
+        mode = self._modes.get(name)
+        if mode is None:
+            mode = self._modes[name] = MODES[name](self)
+        self._mode = mode
         rank = self.ctx.rank
         self.node = plan.world.node_of(rank)
         self.node_ranks = plan.world.ranks_of(self.node)
@@ -182,33 +181,13 @@ class LmdbioSource(Source):
         failure: BaseException | None = None
         try:  # a reader that cannot open its file still joins the collectives below
             if self.is_reader:
-                method = "pread" if st.read == "mmap" else st.read
-                if self.mode == "cursor" and self._cursor is None:
-                    self._cursor = open_cursor(
-                        self._path, self.c, lambda: self._engine_for("pread")
-                    )
-                elif self.mode == "dm" and self._spec is None:
-                    self._spec = Speculative(self._path, self._engine_for("pread"), self.c)
-                elif self.mode in ("dio", "prov"):
-                    self._engine_for(method)
-                elif self.mode == "index":
-                    self._engine_for(st.read)
+                mode.open(plan)
         except Exception as e:
             failure = e
-        if self.mode == "dm":
-            self._ring_setup(plan)
-        if self.mode == "dio":
-            try:
-                self._locate_setup(plan)
-            except Exception as e:
-                failure = failure or e
-        if self.mode == "prov":
-            self._windows_setup(plan)
-        else:
-            unit = -(-plan.batch_size // plan.world.size) * (
-                len(self.node_ranks) if self.aggregated else 1
-            )
-            self._alloc(unit * self.max_len)
+        late = mode.setup(plan)  # every rank, even one whose open failed
+        failure = failure or late
+        self._alloc(mode.half_bytes())  # after setup: PROV sizes it by its windows
+        mode.ready()
         if failure is not None:
             raise _typed(failure, self._path) from failure
 
@@ -223,11 +202,16 @@ class LmdbioSource(Source):
 
     # ------------------------------------------------------------ per step
     def get(self, step: int) -> RawBatch:
-        if self.mode == "prov":
-            return self._get_window(step)
+        assert self._mode is not None, "get() before start()"
+        return self._mode.get(step)
+
+    def _step_batch(
+        self, step: int, read_part: Callable[[int, np.ndarray, np.ndarray], np.ndarray]
+    ) -> RawBatch:
+        """One step of every mode but PROV: the unit's records split among the readers,
+        this reader's part read by *read_part* into the step's half, the node meeting,
+        and this rank's sub-batch copied out."""
         plan = self.plan
-        if self.mode == "dio":
-            self._maybe_locate(step)
         unit_ids = (
             plan.node_samples(self.node, step)
             if self.aggregated
@@ -241,7 +225,7 @@ class LmdbioSource(Source):
             lo, hi = even_split(len(unit_ids), k, self.j)
             dest = half[lo * self.max_len : hi * self.max_len]
             try:
-                lengths = self._read_part(step, unit_ids[lo:hi], dest)
+                lengths = read_part(step, unit_ids[lo:hi], dest)
             except BaseException as e:
                 if not self.aggregated:
                     raise
@@ -250,16 +234,8 @@ class LmdbioSource(Source):
             assert lengths is not None
             n = int(lengths.sum())
             return RawBatch(unit_ids, half[:n].copy(), lengths)
-        t0 = time.perf_counter()
-        got = self.world.allgather(
-            failure or lengths, comm=self.world.node_comm, stop=self._stop_evt
-        )
-        self._wait_add("sync_wait_s", t0)
-        self._node_syncs += 1
+        got = self._meet(failure or lengths)
         parts = [g for g in got if g is not None]  # readers' lengths, in node-rank order
-        for g in parts:
-            if isinstance(g, _Failed):
-                raise g.exc
         # slot i of the node list: part p holds [lo_p, hi_p); records back to back there
         src = np.zeros(len(unit_ids), dtype=np.int64)
         size = np.zeros(len(unit_ids), dtype=np.int64)
@@ -278,95 +254,23 @@ class LmdbioSource(Source):
         data = gather(half, src[a:b], size[a:b])
         return RawBatch(unit_ids[a:b], data, size[a:b])
 
+    def _meet(self, payload: Any) -> list[Any]:
+        """The node meeting: every rank's *payload* (a reader's lengths or failure, or
+        None) on every rank of the node, in node-rank order; a reader's failure is
+        raised on all of them."""
+        t0 = time.perf_counter()
+        got = self.world.allgather(payload, comm=self.world.node_comm, stop=self._stop_evt)
+        self._wait_add("sync_wait_s", t0)
+        self._node_syncs += 1
+        for g in got:
+            if isinstance(g, _Failed):
+                raise g.exc
+        return got
+
     def _wait_add(self, key: str, t0: float) -> None:
         dt = time.perf_counter() - t0
         self.c[key] += dt
         self.c["skew_s"] += dt
-
-    def _read_part(self, step: int, ids: np.ndarray, dest: np.ndarray) -> np.ndarray:
-        if self.mode == "cursor":
-            assert self._cursor is not None
-            return self._cursor.read(ids, dest)
-        if self.mode == "dm":
-            return self._dm_part(step, ids, dest)
-        if self.mode == "index":
-            fid, off, ln = self.plan.records.extents(ids)
-            read_extents(self._engine_for(self.plan.strategy.read), off, ln, dest, self.c, fid)
-            return ln
-        # dio: extents from the locator's broadcast
-        u, offs, lens = self._located
-        i = np.searchsorted(u, ids)
-        if len(ids) and (len(u) == 0 or not np.array_equal(u[np.minimum(i, len(u) - 1)], ids)):
-            raise FeedlineError(f"step {step}: records missing from the located extents")
-        read_extents(self._engine_for(self.plan.strategy.read), offs[i], lens[i], dest, self.c)
-        return lens[i].copy()
-
-    # ------------------------------------------------------------------- DM
-    def _ring_setup(self, plan) -> None:
-        if self._comm is None and self.world is not None and self.world.size > 1:
-            self._comm = mpi.dup(self.world.comm)  # collective: every rank, once
-        if not self.is_reader:
-            return
-        self.ring = plan.readers if self.aggregated else list(range(plan.world.size))
-        if self.world is None:
-            self.ring = [self.ctx.rank]
-        self.g = self.ring.index(self.ctx.rank)
-        self._held: WalkCursor | None = None
-
-    def _dm_part(self, step: int, ids: np.ndarray, dest: np.ndarray) -> np.ndarray:
-        spec = self._spec
-        assert spec is not None
-        R, g = len(self.ring), self.g
-        if len(ids):
-            spec.prefetch(int(ids[0]), int(ids[-1]) + 1)  # speculative, before the cursor
-        cursor = self._held
-        if R > 1 and not (step == self.first and g == 0):
-            cursor = self._recv_cursor(step)
-        found = None
-        try:
-            if len(ids):
-                cursor, found = spec.seek(cursor, ids)
-        except BaseException:
-            self._send_cursor(step, None, failed=True)
-            raise
-        self._held = cursor
-        self._send_cursor(step, cursor)  # the next reader seeks while this one copies
-        return spec.copy(found, dest) if found is not None else np.zeros(0, dtype=np.int64)
-
-    def _successor(self, step: int) -> int | None:
-        R, g = len(self.ring), self.g
-        if R == 1 or (g == R - 1 and step == self.plan.num_steps - 1):
-            return None
-        return self.ring[(g + 1) % R]
-
-    def _send_cursor(self, step: int, cursor: WalkCursor | None, failed: bool = False) -> None:
-        dest = self._successor(step)
-        if dest is None:
-            return
-        nxt = step + 1 if self.g == len(self.ring) - 1 else step
-        msg = np.full(_MSG, -1, dtype=np.int64)
-        msg[0], msg[1] = self._gen, nxt
-        if failed:
-            msg[2] = -2  # poison: this reader failed; the next one must not wait forever
-        elif cursor is not None:
-            msg[2:] = cursor.pack()
-        self._sends.append((mpi.isend(self._comm, msg, dest, _TAG), msg))
-        self._sends = [(r, m) for r, m in self._sends if not mpi.done(r)]
-
-    def _recv_cursor(self, step: int) -> WalkCursor | None:
-        src = self.ring[(self.g - 1) % len(self.ring)]
-        buf = np.empty(_MSG, dtype=np.int64)
-        t0 = time.perf_counter()
-        while True:
-            self._poll(mpi.irecv(self._comm, buf, src, _TAG))
-            if buf[0] == self._gen and buf[1] == step:
-                break  # older generations are leftovers of an abandoned pass
-        self._wait_add("handoff_wait_s", t0)
-        if buf[2] == -2:
-            raise FeedlineError(f"reader rank {src} failed before handing over the LMDB cursor")
-        if buf[3] <= 0:
-            return None
-        return WalkCursor.unpack(buf[2:])
 
     def request_stop(self) -> None:
         self._stop_evt.set()
@@ -379,135 +283,10 @@ class LmdbioSource(Source):
         while not mpi.done(req):
             time.sleep(pause)
 
-    # ------------------------------------------------------------------ DIO
-    def _locate_setup(self, plan) -> None:
-        if self.aggregated:
-            self.locator_rank = plan.readers[0]
-        else:  # rank 0 locates for everyone; without MPI to share it, every rank itself
-            self.locator_rank = 0 if self.world is not None else self.ctx.rank
-        self.w_locate = max(1, -(-_LOCATE_RECORDS // plan.batch_size))
-        self._located = (np.zeros(0, np.int64),) * 3
-        if self.ctx.rank == self.locator_rank and self._locator is None:
-            self._locator = Locator(self._path, self.c)
-
-    def _maybe_locate(self, step: int) -> None:
-        if (step - self.first) % self.w_locate:
-            return
-        plan = self.plan
-        last = min(step + self.w_locate, plan.num_steps)
-        payload: Any = None
-        if self._locator is not None:
-            try:
-                pos = np.arange(step * plan.batch_size, min(last * plan.batch_size, plan.total))
-                payload = self._locator.locate(plan.ids_at(pos))
-            except BaseException as e:
-                payload = _Failed(e)
-        if self.world is not None and self.world.size > 1:
-            t0 = time.perf_counter()
-            payload = self.world.bcast(payload, root=self.locator_rank, stop=self._stop_evt)
-            if self.ctx.rank != self.locator_rank:
-                self._wait_add("locate_wait_s", t0)
-        if isinstance(payload, _Failed):
-            raise payload.exc
-        self._located = payload
-
-    # ------------------------------------------------------- PROV / COAL / STAG
-    def _windows_setup(self, plan) -> None:
-        from ..plan.reads import unit_of, window_ops, windows
-
-        st = plan.strategy
-        asked = self.ctx.extra.get("knobs", {}).get("stagger")
-        n = (
-            int(asked)
-            if asked is not None
-            else (max(1, len(plan.readers) // 2) if st.stagger else 0)
-        )
-        if n:
-            plan = dataclasses.replace(plan, strategy=st.replace(stagger=n))
-            self.plan = plan
-            self._stagger_n = n
-        self._steps = windows(plan)
-        unit, readers = (
-            unit_of(plan, self.readers[0]) if self.aggregated else (self.ctx.rank, [self.ctx.rank])
-        )
-        self._ops = [window_ops(plan, unit, readers, r, s) for r, s in enumerate(self._steps)]
-        self._alloc(max((sum(o.nbytes for o in ops) for ops in self._ops), default=0))
-        self._win = -1
-        if self.is_reader and self._stagger_n and self.world is not None and len(plan.readers) > 1:
-            self._token = self.world.token(plan.stagger(self.ctx.rank))
-            self._token.stop = self._stop_evt
-
-    def _get_window(self, step: int) -> RawBatch:
-        while self._win < 0 or step >= self._steps[self._win].stop:
-            self._next_window(self._win + 1)
-        cur = self._cur
-        i = step - cur["steps"].start
-        a, b = int(cur["bounds"][i]), int(cur["bounds"][i + 1])
-        if a == b:
-            return RawBatch.empty()
-        half = self._buf[self._win % 2]
-        return RawBatch(
-            cur["ids"][a:b], gather(half, cur["src"][a:b], cur["size"][a:b]), cur["size"][a:b]
-        )
-
-    def _next_window(self, r: int) -> None:
-        ops = self._ops[r]
-        failure = None
-        if self.is_reader:
-            op = ops[self.j]
-            base = sum(o.nbytes for o in ops[: self.j])
-            dest = np.zeros(len(op.lengths), dtype=np.int64)
-            if len(op.lengths) > 1:
-                np.cumsum(op.lengths[:-1], out=dest[1:])
-            view = self._buf[r % 2, base : base + op.nbytes]
-            engine = self._engine_for(self.plan.strategy.read)
-            try:
-                if self._token is not None:
-                    t0 = time.perf_counter()
-                    self._token.acquire()
-                    self._wait_add("token_wait_s", t0)
-                try:
-                    t0 = time.perf_counter()
-                    engine.read(ReadList(op.file_ids, op.offsets, op.lengths, dest), view)
-                    self.c["io_s"] += time.perf_counter() - t0
-                    self.c["records_read"] += len(op.ids)
-                    self.c["payload_read_bytes"] += op.payload
-                finally:
-                    if self._token is not None:
-                        self._token.release()  # passed on even after a failed read
-                if self._token is not None and r == len(self._ops) - 1:
-                    t0 = time.perf_counter()
-                    self._token.close()  # the ring's last token comes home
-                    self._wait_add("token_wait_s", t0)
-            except BaseException as e:
-                if not self.aggregated:
-                    raise
-                failure = _Failed(e)
-        if self.aggregated:
-            t0 = time.perf_counter()
-            got = self.world.allgather(failure, comm=self.world.node_comm, stop=self._stop_evt)
-            self._wait_add("sync_wait_s", t0)
-            self._node_syncs += 1
-            for g in got:
-                if isinstance(g, _Failed):
-                    raise g.exc
-        self._index_window(r)
-
-    def _index_window(self, r: int) -> None:
-        """This rank's samples in window r: (step, slot) order and byte positions."""
-        from .node import window_layout
-
-        first = self.node_ranks.start if self.aggregated else self.ctx.rank
-        self._cur = window_layout(self.plan, self._ops[r], self._steps[r], self.ctx.rank, first)
-        self._win = r
-
     # ------------------------------------------------------------- lifecycle
     def stop(self) -> None:
-        if self._spec is not None:
-            self._spec.wait()
-        for req, _ in self._sends:
-            self._poll(req)
-        self._sends.clear()
+        for mode in self._modes.values():
+            mode.stop()  # DM: the prefetch in flight, the cursor sends
         self._token = None
         self._buf = None  # dropped before the next start allocates (else 2x the cap)
         if self._shm is not None:
@@ -516,16 +295,11 @@ class LmdbioSource(Source):
                 shm.free()  # collective over the node
 
     def memory_bytes(self, plan) -> int:
-        from ..plan.reads import window_steps
-
         rpn = max(1, self.ctx.ranks_per_node)
         sub = -(-plan.batch_size // plan.world.size)
-        steps = window_steps(plan) if mode_of(plan.strategy) == "prov" else 1
         # two halves of the unit's records (per rank: the Loader multiplies by the node's ranks)
         unit = sub * (rpn if plan.strategy.aggregated else 1)
-        per_unit = 2 * steps * unit * int(plan.records.max_length)
-        if mode_of(plan.strategy) == "dm":  # a reader's prefetch: its part and the margins
-            per_unit += 2 * unit * int(plan.records.max_length)
+        per_unit = MODES[mode_of(plan.strategy)].memory(plan, unit)
         return per_unit // rpn if plan.strategy.aggregated else per_unit
 
     def stats(self) -> dict[str, Any]:
@@ -534,12 +308,12 @@ class LmdbioSource(Source):
         eng = self._engine.stats() if self._engine is not None else {}
         read_bytes = int(eng.get("storage_bytes", 0)) + c["read_bytes"]
         read_ops = int(eng.get("storage_ops", 0)) + c["read_ops"]
-        if self._cursor is not None:
-            touched, faults = self._cursor.storage()
+        for mode in self._modes.values():  # the mmap cursor's pages and faults
+            touched, faults = mode.storage()
             read_bytes += touched
             read_ops += faults
         out = {
-            "mode": getattr(self, "mode", None),
+            "mode": self._mode.name if self._mode is not None else None,
             "reader": bool(getattr(self, "is_reader", False)),
             "storage_bytes": read_bytes + c["seek_bytes"],
             "storage_ops": read_ops + c["seek_ops"],
@@ -548,21 +322,18 @@ class LmdbioSource(Source):
             "node_syncs": self._node_syncs,
             "stagger": self._stagger_n,
         }
-        if c["spec_prefetch_bytes"]:
-            out["spec_extra_bytes"] = max(0, c["spec_prefetch_bytes"] - c["spec_used_bytes"])
+        for mode in self._modes.values():
+            out.update(mode.stats(c))  # DM: spec_extra_bytes
         c.update(out)
         return c
 
     def close(self) -> None:
         self.stop()
-        for name in ("_cursor", "_spec", "_locator", "_engine"):
-            obj = getattr(self, name)
-            if obj is not None:
-                obj.close()
-                setattr(self, name, None)
-        if self._comm is not None:
-            mpi.free(self._comm)
-            self._comm = None
+        for mode in self._modes.values():
+            mode.close()
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
 
 register_source(LmdbioSource, presets=PRESETS)
