@@ -158,9 +158,13 @@ def main() -> None:
             os.unlink(ds.files[-1])
         comm.Barrier()
     if a.fail and rank == int(a.fail.split(":")[0]):
+        import importlib
+
         from feedline.errors import StorageError
         from feedline.sources import base as S
 
+        for module in S.SOURCE_MODULES.values():  # every source, registered before patching
+            importlib.import_module(module)
         at = int(a.fail.split(":")[1])
         for cls in list(S.SOURCES.values()):
             orig = cls.get

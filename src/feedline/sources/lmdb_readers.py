@@ -11,8 +11,9 @@
   errors), prefetch it with ``pread`` on the engine's threads *before* the cursor
   arrives, then walk the tree in memory (:class:`~feedline.sources.lmdb_walk.PageWalker`)
   from the handed-over cursor. Pages the guess missed are read one by one.
-- :class:`Located` — LMDBIO-DIO and -PROV: the extents are known (from one locating
-  process or from provenance); read them with ``pread`` on the engine.
+- :class:`Locator` and :func:`read_extents` — LMDBIO-DIO: one process walks the tree to
+  locate the records, and the readers ``pread`` the located extents on the engine
+  (PROV/COAL read the index's extents with the engine directly).
 
 Each reader writes records back to back into a destination buffer and counts seek and
 I/O seconds, bytes and operations into a shared counters dict. The trade-off common to
