@@ -44,8 +44,9 @@ class EmulatorUnavailable(FeedlineError):
 def find_binary() -> str | None:
     """Path of the ``feedline-fuse`` executable, or None.
 
-    Looked up in ``$FEEDLINE_FUSE_BIN``, then ``feedline/bin/`` beside the installed
-    native module (where the build installs it), then beside this package, then PATH.
+    Looked up in ``$FEEDLINE_FUSE_BIN``, then ``feedline_tools/bin/`` where the build
+    installs it (beside the installed native module's package, which is also where an
+    editable install puts it), then beside this package, then PATH.
     """
     env = defaults.get("fuse_bin")
     if env:
@@ -53,12 +54,13 @@ def find_binary() -> str | None:
     candidates = []
     spec = importlib.util.find_spec("feedline._core")
     if spec is not None and spec.origin:
-        candidates.append(Path(spec.origin).parent / "bin" / BINARY_NAME)
+        site = Path(spec.origin).parent.parent
+        candidates.append(site / "feedline_tools" / "bin" / BINARY_NAME)
         # a worktree whose native module is a symlink to an installed build
-        candidates.append(Path(spec.origin).resolve().parent / "bin" / BINARY_NAME)
-    import feedline
-
-    candidates.append(Path(feedline.__file__).resolve().parent / "bin" / BINARY_NAME)
+        candidates.append(
+            Path(spec.origin).resolve().parent.parent / "feedline_tools" / "bin" / BINARY_NAME
+        )
+    candidates.append(Path(__file__).resolve().parent.parent / "bin" / BINARY_NAME)
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
