@@ -65,6 +65,11 @@ void reacquire_gil(PyThreadState* state) noexcept {
 NB_MODULE(_core, m) {
   m.doc() = "feedline native core: LMDB page parser, codecs, I/O engine.";
   m.attr("__version__") = feedline::version();
+  // Engines are left alive on purpose at exit in two cases: one abandoned over a stalled
+  // read (its thread may still be blocked in the kernel) and a forked child's copies of
+  // its parent's engines (freeing them there is not safe). nanobind's shutdown leak
+  // report would print a page of "leaked instance" noise for those.
+  nanobind::set_leak_warnings(false);
   feedline::py::note_main_thread();
   feedline::py::register_errors(m);
   feedline::py::register_lmdb(m);
