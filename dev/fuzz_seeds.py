@@ -4,8 +4,9 @@
 
 Seeds are generated, never stored in git: small valid files of every format (LMDB files
 written by liblmdb through py-lmdb, with inline and overflow values, one and several tree
-levels, long keys (deeper trees); TFRecord files; Caffe Datums; .npy headers; sidecars; saved loader
-states) plus a few near-misses.
+levels, long keys (deeper trees); TFRecord files, gzip TFRecord files (written with zlib, one
+and several members) and HDF5 chunks (stored bytes written by h5py: deflate, shuffle, LZF);
+Caffe Datums; .npy headers; sidecars; saved loader states) plus a few near-misses.
 
     python dev/fuzz_seeds.py OUT_DIR        -> OUT_DIR/<target>/seed-*
 """
@@ -56,6 +57,121 @@ def _tfrecord_seeds() -> list[bytes]:
     for n, ln in [(1, 0), (1, 10), (5, 100), (20, 3), (2, 3000)]:
         seeds.append(frames([rng.bytes(ln) for _ in range(n)]))
     seeds.append(seeds[3][:-3])  # truncated
+    return seeds
+
+
+def _gzip_member_raw(data: bytes, flags: int = 0, level: int = 6, strategy: int = 0) -> bytes:
+    """A gzip member written by hand: header *flags* (FTEXT 1, FHCRC 2, FEXTRA 4, FNAME 8,
+    FCOMMENT 16) with their fields, raw deflate of *data*, CRC-32 and size trailer."""
+    import struct
+    import zlib
+
+    head = b"\x1f\x8b\x08" + bytes([flags]) + b"\0\0\0\0\0\xff"
+    if flags & 4:
+        head += struct.pack("<H", 6) + b"AB\x02\0xy"
+    if flags & 8:
+        head += b"data.tfrecord\0"
+    if flags & 16:
+        head += b"a comment\0"
+    if flags & 2:
+        head += struct.pack("<H", zlib.crc32(head) & 0xFFFF)
+    z = zlib.compressobj(level, zlib.DEFLATED, -15, 8, strategy)
+    body = z.compress(data) + z.flush()
+    return head + body + struct.pack("<II", zlib.crc32(data), len(data) & 0xFFFFFFFF)
+
+
+def _gzip_tfrecord_seeds() -> list[bytes]:
+    """gzip TFRecord files: one and many members, members that cut a record in two,
+    streams long enough for restart points inside a member (> 64 KiB of output, several
+    deflate blocks, within the 64 KiB input limit), every header field, full flushes
+    (byte-aligned blocks), stored, fixed-Huffman and RLE blocks, and near misses."""
+    import zlib
+
+    from feedline.formats.tfrecord import frames, gzip_member
+
+    rng = np.random.default_rng(5)
+
+    def low_entropy(n: int) -> bytes:  # ~1 bit per byte: 270 KiB deflate to ~45 KiB
+        return (rng.integers(0, 2, n, dtype=np.uint8) + 97).tobytes()
+
+    def blocks(data: bytes) -> bytes:  # memLevel 4: deflate blocks of 1024 symbols
+        z = zlib.compressobj(6, zlib.DEFLATED, 31, 4)
+        return z.compress(data) + z.flush()
+
+    small = frames([rng.bytes(int(n)) for n in (0, 1, 10, 100)])
+    big = frames([low_entropy(int(n)) for n in rng.integers(500, 9000, 60)])
+    seeds = [b"", gzip_member(b""), gzip_member(small), gzip_member(small, level=1)]
+    seeds.append(blocks(big))  # restart points inside the member
+    # a record split between two members (`cat a.gz b.gz`), read from a restart point
+    # inside the first
+    cut = len(big) // 2 + 5
+    seeds.append(blocks(big[:cut]) + blocks(big[cut:]))
+    seeds.append(gzip_member(small[:7]) + gzip_member(small[7:]))
+    seeds.append(gzip_member(b"") + gzip_member(small) + gzip_member(b""))
+    parts = [frames([low_entropy(300)]) for _ in range(6)]  # members on record boundaries
+    seeds.append(b"".join(gzip_member(p) for p in parts))
+    for flags in (2, 4, 8, 16, 31):
+        seeds.append(_gzip_member_raw(small, flags))
+    for strategy in (zlib.Z_FILTERED, zlib.Z_HUFFMAN_ONLY, zlib.Z_RLE, zlib.Z_FIXED):
+        seeds.append(_gzip_member_raw(small, 0, 6, strategy))
+    seeds.append(_gzip_member_raw(small, 0, 0))  # stored blocks
+    # full flushes every 20 KiB: byte-aligned block boundaries (restarts with 0 bits)
+    z = zlib.compressobj(6, zlib.DEFLATED, 31)
+    body = b"".join(
+        z.compress(big[i : i + 20000]) + z.flush(zlib.Z_FULL_FLUSH)
+        for i in range(0, len(big), 20000)
+    )
+    seeds.append(body + z.flush())
+    # near misses: truncated, trailing garbage, not a TFRecord inside, bad payload CRC
+    seeds.append(seeds[2][:-5])
+    seeds.append(seeds[2] + b"\x00garbage")
+    seeds.append(gzip_member(b"just some text, not TFRecord frames"))
+    bad = bytearray(small)
+    bad[-1] ^= 1
+    seeds.append(gzip_member(bytes(bad)))
+    return [s for s in seeds if len(s) <= 1 << 16]
+
+
+def _hdf5_chunk_seeds() -> list[bytes]:
+    """Stored HDF5 chunks written by h5py (deflate, shuffle + deflate, LZF, shuffle + LZF,
+    shuffle alone, Fletcher32), read back with read_direct_chunk, each behind the 5-byte
+    prefix fuzz_unpack_chunk reads: pipeline | mask << 3, element size - 1, chunk size
+    (3 bytes, little-endian). LZF on incompressible data gives a chunk whose mask skips it."""
+    import h5py
+
+    # pipeline ids of cpp/fuzz/fuzz_unpack_chunk.cpp
+    kinds = {
+        0: {"compression": "gzip"},
+        1: {"compression": "gzip", "shuffle": True},
+        2: {"compression": "lzf"},
+        3: {"compression": "lzf", "shuffle": True},
+        4: {"shuffle": True},
+        5: {"compression": "gzip", "shuffle": True, "fletcher32": True},
+    }
+    rng = np.random.default_rng(7)
+    arrays = [
+        np.arange(1000, dtype="<f4"),
+        (np.arange(4099) % 7).astype("<i2"),
+        np.linspace(0, 1, 777).astype("<f8"),
+        rng.integers(0, 255, 2000).astype("u1"),  # incompressible for LZF
+        np.zeros(1, "<i4"),
+        np.tile(np.arange(3, dtype="<u4"), 1001),
+    ]
+    seeds = []
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "chunks.h5")
+        with h5py.File(path, "w") as f:
+            for kind, opts in kinds.items():
+                for j, a in enumerate(arrays):
+                    if kind != 0 and j >= 4 and j != 5:
+                        continue
+                    ds = f.create_dataset(f"k{kind}_{j}", data=a, chunks=a.shape, **opts)
+                    mask, stored = ds.id.read_direct_chunk((0,))
+                    head = bytes([kind | (mask & 7) << 3, a.dtype.itemsize - 1])
+                    head += a.nbytes.to_bytes(3, "little")
+                    seeds.append(head + stored)
+    # hand-made LZF: a literal run and an overlapping back-reference ("abc" * 4)
+    seeds.append(bytes([2, 0, 12, 0, 0]) + bytes([2, 97, 98, 99, 7 << 5, 0, 2]))
     return seeds
 
 
@@ -148,6 +264,8 @@ TARGETS = {
     "fuzz_lmdb_pages": _lmdb_seeds,
     "fuzz_tfrecord": _tfrecord_seeds,
     "fuzz_datum": _datum_seeds,
+    "fuzz_unpack_chunk": _hdf5_chunk_seeds,
+    "fuzz_gzip_tfrecord": _gzip_tfrecord_seeds,
     "py_npy": _npy_seeds,
     "py_sidecar": _sidecar_seeds,
     "py_state": _state_seeds,

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Quick coverage-guided fuzzing of every parser of untrusted bytes (``dev/fuzz``, a few
-seconds per target): the four libFuzzer targets of the native core under ASan + UBSan
+seconds per target): the six libFuzzer targets of the native core under ASan + UBSan
 and the five atheris targets of the Python parsers. Skips only when clang's libFuzzer is
 absent (``dev/setup --test`` installs it). The full run (10 M executions per C++ target)
 is ``nice -n 19 dev/fuzz --full``; its figures are in docs/reliability.md."""
@@ -14,7 +14,14 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CPP = ("fuzz_lmdb_index", "fuzz_lmdb_pages", "fuzz_tfrecord", "fuzz_datum")
+CPP = (
+    "fuzz_lmdb_index",
+    "fuzz_lmdb_pages",
+    "fuzz_tfrecord",
+    "fuzz_datum",
+    "fuzz_unpack_chunk",
+    "fuzz_gzip_tfrecord",
+)
 PY = ("py_npy", "py_sidecar", "py_state", "py_hdf5", "py_records")
 
 

@@ -306,7 +306,8 @@ std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t i
                                            std::size_t out_size) {
   if (bits < -1 || bits > 7) return "invalid restart point (" + std::to_string(bits) + " bits)";
   if (bits >= 0 && window == nullptr) return "restart point without its window";
-  Inflater z(bits < 0 ? 31 : -15);
+  bool raw = bits >= 0;  // from a restart point inside a member: raw deflate, no gzip wrapper
+  Inflater z(raw ? -15 : 31);
   std::size_t ip = 0;
   if (bits > 0) {
     if (in_size < 1) return "segment of 0 bytes";
@@ -332,7 +333,17 @@ std::optional<std::string> inflate_segment(const std::uint8_t* in, std::size_t i
     op += made;
     if (ret == Z_STREAM_END) {
       if (op >= out_size) break;
-      // the member ended: the next one starts here
+      // the member ended: the next one starts after its 8-byte trailer (CRC-32, size).
+      // zlib reads and checks the trailer itself when it inflated the member from its
+      // header; raw inflate (from a restart point inside the member) stops before it, so
+      // skip it here, unchecked (the records' own CRCs are checked after unpacking).
+      if (raw) {
+        if (in_size - ip < 8)
+          return "segment ends inside a gzip member trailer after " + std::to_string(op) + " of " +
+                 std::to_string(out_size) + " bytes (truncated)";
+        ip += 8;
+        raw = false;
+      }
       if (inflateReset2(&z.s, 31) != Z_OK) return "zlib inflateReset2 failed";
       if (ip >= in_size)
         return "segment ends after " + std::to_string(op) + " of " + std::to_string(out_size) +

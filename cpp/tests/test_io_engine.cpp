@@ -14,12 +14,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -410,6 +412,171 @@ TEST(IoEngine, DestructionWhileIdleAndCloseCancelsQueuedWork) {
   }
   EXPECT_EQ(completed + cancelled, 40);
   EXPECT_GT(cancelled, 0);
+}
+
+// Concurrency stress (run under ThreadSanitizer by dev/test --full): caller threads
+// submit, poll (done, wait_for, stats, file_mode) and wait while another thread closes
+// or, like a reader whose wait timed out, abandons the engine mid-flight. Some
+// submissions fail on several threads at once (EIO from /proc/self/mem, retried). Every
+// future ends: right bytes, cancelled, or refused as closed. After close() returns (for
+// abandon(), once every future is done) no engine thread touches a buffer: the test then
+// reads and overwrites them without other synchronization, so TSan reports a late write.
+TEST(IoEngineStress, SubmitPollAndWaitWhileAnotherThreadClosesOrAbandons) {
+  TempFiles t;
+  const std::vector<std::size_t> sizes{150'000, 40'000, 9'000};
+  std::vector<std::string> paths;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    paths.push_back(t.make("f" + std::to_string(i), sizes[i], 30 + static_cast<std::uint32_t>(i)));
+  paths.push_back("/proc/self/mem");  // file 3: the unmapped page at 4096 fails with EIO
+  const std::int32_t kEio = 3;
+  constexpr int kCallers = 5, kEach = 12;
+  for (IoMethod m : {IoMethod::pread, IoMethod::odirect, IoMethod::mmap, IoMethod::pread_random})
+    for (const bool abandon : {false, true}) {
+      SCOPED_TRACE(std::string(feedline::to_string(m)) + (abandon ? " abandon" : " close"));
+      // Work and buffers are made up front; caller c touches only slot c until it is joined.
+      std::vector<std::vector<Workload>> work(kCallers);
+      std::vector<std::vector<std::vector<unsigned char>>> bufs(kCallers);
+      std::vector<std::vector<feedline::IoFuture>> futs(kCallers);
+      for (int c = 0; c < kCallers; ++c)
+        for (int k = 0; k < kEach; ++k) {
+          Workload w = random_workload(sizes, 30, static_cast<std::uint32_t>(1000 * c + k), 30'000);
+          if (k % 5 == 4 && m != IoMethod::mmap) {  // a failing submission: EIO on 4 tasks
+            for (int j = 0; j < 4; ++j) {
+              w.extents.push_back(Extent{kEio, 4096, 64});
+              w.dest.push_back(static_cast<std::int64_t>(w.buffer_bytes));
+              w.buffer_bytes += 64;
+            }
+          }
+          bufs[c].emplace_back(w.buffer_bytes);
+          work[c].push_back(std::move(w));
+        }
+      IoOptions o = opts(m, 4, 8192);
+      o.max_retries = 2;
+      o.retry_backoff = std::chrono::microseconds(50);
+      auto engine = std::make_unique<IoEngine>(paths, o);
+      std::atomic<int> submitted{0}, refused{0};
+      std::vector<std::thread> threads;
+      for (int c = 0; c < kCallers; ++c) {
+        threads.emplace_back([&, c] {
+          for (int k = 0; k < kEach; ++k) {
+            try {
+              futs[c].push_back(engine->submit(work[c][k].extents, bufs[c][k].data(),
+                                               bufs[c][k].size(), work[c][k].dest));
+              ++submitted;
+            } catch (const std::invalid_argument&) {  // closed: so is every later submit
+              ++refused;
+              break;
+            }
+            (void)futs[c].back().done();
+            (void)futs[c].back().wait_for(std::chrono::microseconds(k % 3 == 0 ? 0 : 200));
+            (void)engine->stats();
+            (void)engine->file_mode(static_cast<std::int32_t>(k % 4));
+            if (k % 4 == 1) futs[c][static_cast<std::size_t>(k / 2)].wait();
+          }
+        });
+      }
+      std::vector<unsigned char> own(sizes[0]);
+      feedline::IoFuture own_fut;
+      threads.emplace_back([&] {
+        while (submitted.load() < kCallers * kEach / 3) std::this_thread::yield();
+        if (abandon) {  // the reader's timeout: a short wait, then give up on the engine
+          const Extent whole{0, 0, static_cast<std::int64_t>(sizes[0])};
+          try {
+            own_fut = engine->submit({&whole, 1}, own.data(), own.size());
+            (void)own_fut.wait_for(std::chrono::microseconds(100));
+          } catch (const std::invalid_argument&) {
+          }
+          engine->abandon();
+        } else {
+          engine->close();
+        }
+      });
+      for (auto& th : threads) th.join();
+      EXPECT_TRUE(engine->closed());
+      // close() returned: no engine thread writes a buffer any more, so they may be read
+      // without waiting for a future (TSan reports a write that comes later). After
+      // abandon(), only once every future is done.
+      std::vector<std::vector<std::vector<unsigned char>>> seen;
+      if (!abandon) seen = bufs;
+      for (int c = 0; c < kCallers; ++c)
+        for (std::size_t k = 0; k < futs[c].size(); ++k)
+          ASSERT_TRUE(futs[c][k].wait_for(std::chrono::seconds(30))) << c << " " << k;
+      if (own_fut.valid()) ASSERT_TRUE(own_fut.wait_for(std::chrono::seconds(30)));
+      if (abandon) seen = bufs;
+      int ok = 0, cancelled = 0, closed = 0, failed = 0;
+      for (int c = 0; c < kCallers; ++c)
+        for (std::size_t k = 0; k < futs[c].size(); ++k) {
+          const Workload& w = work[c][k];
+          const bool eio = !w.extents.empty() && w.extents.back().file_id == kEio;
+          try {
+            const auto st = futs[c][k].get();
+            ASSERT_FALSE(eio) << "a read of an unmapped page succeeded";
+            ++ok;
+            EXPECT_EQ(st.extents, w.extents.size());
+            expect_bytes(t, w, seen[c][k]);
+          } catch (const feedline::StorageFailure& e) {
+            ASSERT_TRUE(eio) << e.what();
+            EXPECT_EQ(e.err, EIO);
+            ++failed;
+          } catch (const feedline::CorruptData& e) {
+            ADD_FAILURE() << e.what();
+          } catch (const std::invalid_argument&) {  // close() won the race inside submit()
+            ++closed;
+          } catch (const std::runtime_error& e) {  // cancelled by close()/abandon()
+            EXPECT_NE(std::string(e.what()).find("closed before"), std::string::npos) << e.what();
+            ++cancelled;
+          }
+        }
+      EXPECT_EQ(ok + cancelled + closed + failed, submitted.load());
+      EXPECT_GT(ok, 0);
+      EXPECT_LE(submitted.load() + refused.load(), kCallers * kEach);
+      // and nothing writes them later either
+      for (auto& per : bufs)
+        for (auto& b : per) std::fill(b.begin(), b.end(), 0);
+      std::fill(own.begin(), own.end(), 0);
+      engine.reset();  // the destructor after close()/abandon() does nothing more
+    }
+}
+
+TEST(IoEngineStress, AbandonReturnsWhileAReadIsBlockedAndTheThreadEndsLater) {
+  // A FIFO without a writer blocks open() like a hung server. abandon() must return at
+  // once, cancel the queued submission, and the detached thread must still end its
+  // submission (with an error: pread on a FIFO is ESPIPE) once a writer appears.
+  TempFiles t;
+  const std::string fifo = (t.dir() / "stuck").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::vector<unsigned char> buf(64), queued(64);
+  const Extent e{0, 0, 16};
+  feedline::IoFuture blocked, behind;
+  {
+    IoEngine engine({fifo}, opts(IoMethod::pread, 1, 4096));
+    blocked = engine.submit({&e, 1}, buf.data(), buf.size());
+    behind = engine.submit({&e, 1}, queued.data(), queued.size());
+    EXPECT_FALSE(blocked.wait_for(std::chrono::milliseconds(200)));
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.abandon();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+    EXPECT_TRUE(engine.closed());
+    ASSERT_TRUE(behind.done());  // cancelled
+    try {
+      behind.get();
+      ADD_FAILURE() << "a queued submission ran after abandon()";
+    } catch (const std::runtime_error& err) {
+      EXPECT_NE(std::string(err.what()).find("closed before"), std::string::npos) << err.what();
+    }
+  }  // the engine is gone; its thread is still blocked
+  EXPECT_FALSE(blocked.done());
+  // A writer releases the thread's open() (no write: the reader may be gone by then,
+  // and a write to a FIFO without readers raises SIGPIPE).
+  const int fd = ::open(fifo.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  ASSERT_TRUE(blocked.wait_for(std::chrono::seconds(10)));
+  try {
+    blocked.get();  // pread on a FIFO: ESPIPE
+  } catch (const feedline::StorageFailure& err) {
+    EXPECT_EQ(err.path, fifo);
+  }
 }
 
 TEST(IoEngine, RejectsBadArguments) {

@@ -217,6 +217,46 @@ TEST(GzipTFRecord, ManyMembersRestartAtEachWithoutWindows) {
   expect_records(gz, idx, s);
 }
 
+TEST(GzipTFRecord, RecordAcrossMembersFromARestartPointInsideTheFirst) {
+  // The stream is cut in the middle of a record and each part gzipped (`cat a.gz b.gz`):
+  // the record that straddles the members belongs to a segment that starts at a restart
+  // point inside the first member. Its raw inflate ends at the member's last deflate
+  // block and must skip the gzip trailer before the next member's header (it read the
+  // trailer as a header: "incorrect header check" on a valid file; found while writing
+  // fuzz_gzip_tfrecord, whose reads through restart points check every record).
+  const Stream s = frames(80, 21);
+  const std::size_t cut = s.plain.size() / 2 + 5;
+  const Bytes a = zlib_compress(Bytes(s.plain.begin(), s.plain.begin() + cut), 31);
+  Bytes gz = a;
+  const Bytes b = zlib_compress(Bytes(s.plain.begin() + cut, s.plain.end()), 31);
+  gz.insert(gz.end(), b.begin(), b.end());
+  const auto idx = feedline::scan_gzip_tfrecord_bytes(gz.data(), gz.size(), "mem", 65536, true);
+  EXPECT_EQ(idx.members, 2u);
+  bool straddles = false;  // the case under test: a restart inside member 0 reads into member 1
+  for (std::size_t i = 0; i < idx.segment.size(); ++i) {
+    const auto seg = static_cast<std::size_t>(idx.segment[i]);
+    straddles |= idx.bits[seg] >= 0 && idx.end[seg] > static_cast<std::int64_t>(a.size());
+  }
+  ASSERT_TRUE(straddles);
+  expect_records(gz, idx, s);
+  // the trailer itself cut short: an error, not a read past the segment
+  for (std::size_t i = 0; i < idx.segment.size(); ++i) {
+    const auto seg = static_cast<std::size_t>(idx.segment[i]);
+    if (idx.bits[seg] < 0 || idx.end[seg] <= static_cast<std::int64_t>(a.size())) continue;
+    const auto start = static_cast<std::size_t>(idx.start[seg]);
+    Bytes out(static_cast<std::size_t>(idx.out[seg]));
+    const std::uint8_t* win = idx.windows.data() + idx.window[seg] * feedline::kGzipWindow;
+    for (std::size_t trailer = 0; trailer < 8; ++trailer) {
+      const Bytes part(gz.begin() + static_cast<std::ptrdiff_t>(start),
+                       gz.begin() + static_cast<std::ptrdiff_t>(a.size() - 8 + trailer));
+      EXPECT_TRUE(feedline::inflate_segment(part.data(), part.size(), idx.bits[seg], win,
+                                            out.data(), out.size()))
+          << trailer;
+    }
+    break;
+  }
+}
+
 TEST(GzipTFRecord, EveryTruncationThrowsCorruptData) {
   const Stream s = frames(12, 3);
   const Bytes gz = zlib_compress(s.plain, 31);
