@@ -23,8 +23,11 @@ from .reads import _unit_positions, window_cap, window_steps
 from .rl import randomization_level
 
 MMAP_PAGE = 4096
-#: units with more samples than this use the closed form of ``window`` plans
+#: units with more samples than this use the closed form of ``window`` plans, or
+#: sampled windows (:data:`SAMPLED_WINDOWS`) for the other assignments
 EXACT_UNIT_SAMPLES = 1 << 18
+#: windows of a unit looked at when it has more (evenly spread; figures scaled)
+SAMPLED_WINDOWS = 64
 #: records looked at at each end of a tile piece for its byte range (LMDB fills a leaf
 #: from the end of the page, so offsets decrease inside a leaf of up to ~230 records)
 EDGE_RECORDS = 512
@@ -37,18 +40,23 @@ class UnitExtents(TypedDict):
     length: np.ndarray  # bytes, per extent
     payload: np.ndarray  # bytes of the samples, per key
     k: int  # readers of the unit
+    scale: float  # windows per window looked at (1: every window)
 
 
 def unit_extents(plan, unit: int) -> UnitExtents:
     """All extents of a unit for the whole plan, vectorised.
 
     Returns arrays ``window``, ``part`` (reader index in the unit), ``length`` per extent
-    and ``payload`` per (window, part) key, in the order of :func:`window_ops`.
+    and ``payload`` per (window, part) key, in the order of :func:`window_ops`, and
+    ``scale``: 1, or — when the unit has more than :data:`SAMPLED_WINDOWS` windows and
+    more than :data:`EXACT_UNIT_SAMPLES` samples — the steps per sampled step, the
+    extents being those of :data:`SAMPLED_WINDOWS` windows spread evenly over the epoch
+    (windows of a unit are alike: the cost stays bounded at any number of samples).
     """
     s = plan.strategy
     if plan.num_steps <= plan.first_step:
         z = np.zeros(0, dtype=np.int64)
-        return {"key": z, "length": z, "payload": z, "k": 1}
+        return {"key": z, "length": z, "payload": z, "k": 1, "scale": 1.0}
     if (
         s.assignment == "window"
         and hasattr(plan._stream, "pieces")
@@ -58,11 +66,50 @@ def unit_extents(plan, unit: int) -> UnitExtents:
     ):
         return _window_unit_extents(plan, unit)
     w = window_steps(plan)
-    steps = range(plan.first_step, plan.num_steps)
+    nsteps = plan.num_steps - plan.first_step
+    nwin = -(-nsteps // w)
+    per_unit = plan.n // max(plan.world.nodes if s.aggregated else plan.world.size, 1)
+    if nwin > SAMPLED_WINDOWS and per_unit > EXACT_UNIT_SAMPLES:
+        picked = np.unique(np.linspace(0, nwin - 1, SAMPLED_WINDOWS).round().astype(np.int64))
+        parts, seen = [], 0
+        for j in picked.tolist():
+            lo = plan.first_step + j * w
+            steps = range(lo, min(lo + w, plan.num_steps))
+            parts.append(_unit_extents(plan, unit, steps, w))
+            seen += len(steps)
+        return _concat(parts, nsteps / seen)  # by steps: the last window may be short
+    return _unit_extents(plan, unit, range(plan.first_step, plan.num_steps), w)
+
+
+def _concat(parts: list[UnitExtents], scale: float) -> UnitExtents:
+    """The sampled windows' extents as one unit's, keys renumbered window after window."""
+    keys, lengths, payloads, off = [], [], [], 0
+    k = parts[0]["k"] if parts else 1
+    for ex in parts:
+        # one window each: its keys are its readers 0..k-1 (payload padded to k keys)
+        pay = np.zeros(max(-(-len(ex["payload"]) // k), 1) * k, dtype=np.int64)
+        pay[: len(ex["payload"])] = ex["payload"]
+        keys.append(ex["key"] + off)
+        lengths.append(ex["length"])
+        payloads.append(pay)
+        off += len(pay)
+    z = np.zeros(0, dtype=np.int64)
+    return {
+        "key": np.concatenate(keys) if keys else z,
+        "length": np.concatenate(lengths) if lengths else z,
+        "payload": np.concatenate(payloads) if payloads else z,
+        "k": k,
+        "scale": scale,
+    }
+
+
+def _unit_extents(plan, unit: int, steps: range, w: int) -> UnitExtents:
+    """:func:`unit_extents` over *steps* (whole windows of *w* steps from ``steps.start``)."""
+    s = plan.strategy
     pos, step, _ = _unit_positions(plan, unit, steps)
     ids = plan.ids_at(pos)
     fid, off, ln = plan.records.extents(ids)
-    window = (step - plan.first_step) // w
+    window = (step - steps.start) // w
     order = np.lexsort((off, fid, window))
     window, fid, off, ln = window[order], fid[order], off[order], ln[order]
     if s.aggregated:
@@ -96,7 +143,7 @@ def unit_extents(plan, unit: int) -> UnitExtents:
 
     if m == 0:
         z = np.zeros(0, dtype=np.int64)
-        return {"key": z, "length": z, "payload": z, "k": k}
+        return {"key": z, "length": z, "payload": z, "k": k, "scale": 1.0}
     gaps = np.full(m, gap, dtype=np.int64)
     e_key, e_len = merge(gaps)
     if gap:
@@ -110,7 +157,7 @@ def unit_extents(plan, unit: int) -> UnitExtents:
             gaps = np.where(bad[key], 0, gap)
             e_key, e_len = merge(gaps)
     payload = np.bincount(key, weights=ln, minlength=int(key.max()) + 1).astype(np.int64)
-    return {"key": e_key, "length": e_len, "payload": payload, "k": k}
+    return {"key": e_key, "length": e_len, "payload": payload, "k": k, "scale": 1.0}
 
 
 def _payload(records, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -177,6 +224,7 @@ def _window_unit_extents(plan, unit: int) -> UnitExtents:
         "length": np.concatenate(lengths) if lengths else z,
         "payload": np.asarray(payload, dtype=np.int64),
         "k": 1,
+        "scale": 1.0,
     }
 
 
@@ -238,11 +286,12 @@ def plan_stats(plan, name: str = "", *, units: int = 4) -> dict[str, Any]:
         k = ex["k"]
         rk = ex["key"] % k if len(ex["key"]) else ex["key"]
         pk = np.arange(len(ex["payload"])) % k
+        scale = float(ex["scale"])  # sampled windows stand for the unit's others
         for i in range(k):
             lens = ex["length"][rk == i]
-            nbytes = int(lens.sum())
-            payload = int(ex["payload"][pk == i].sum())
-            ops = len(lens)
+            nbytes = round(int(lens.sum()) * scale)
+            payload = round(int(ex["payload"][pk == i].sum()) * scale)
+            ops = round(len(lens) * scale)
             largest = int(lens.max()) if ops else 0
             smallest = int(lens.min()) if ops else 0
             if s.read == "mmap":  # reactive 4 KiB page faults
