@@ -85,7 +85,14 @@ _load()
 NAMES = sorted(SOURCES)
 
 
-def case(source, preset, data, *, ranks=1, mpi=0, xfail=None, **options):
+#: the node source's known intermittent failure (docs/reliability.md, "Limits"): a rank
+#: that leaves a pass early and starts the next one sometimes meets NodeOutOfStepError;
+#: check_source does exactly that (the mid-epoch state, then a new Loader), and the rank
+#: that raised moves to the next case while its peer waits: full tier until fixed
+NODE_INTERMITTENT = "node source: NodeOutOfStepError after a pass left early (intermittent)"
+
+
+def case(source, preset, data, *, ranks=1, mpi=0, xfail=None, full=None, **options):
     """One configuration of a source: preset, dataset ("rec": 150 fixed 24-byte records
     over 3 files; "db": an LMDB of 120 records of 1..6000 bytes), ranks simulated in one
     process, or mpi ranks under mpiexec."""
@@ -101,6 +108,7 @@ def case(source, preset, data, *, ranks=1, mpi=0, xfail=None, **options):
         "mpi": mpi,
         "options": options,
         "xfail": xfail,
+        "full": full,
     }
 
 
@@ -137,10 +145,10 @@ CONTRACT = {
         case("lmdbio", "lmm-dio-prov-coal-stag", "db", mpi=2),
     ],
     "node": [  # needs an MPI world (test_node_needs_an_mpi_world)
-        case("node", "feedline", "rec", mpi=2),
-        case("node", "feedline", "db", mpi=2),
-        case("node", "feedline", "rec", mpi=2, nodes=2),
-        case("node", "tf", "db", mpi=2),
+        case("node", "feedline", "rec", mpi=2, full=NODE_INTERMITTENT),
+        case("node", "feedline", "db", mpi=2, full=NODE_INTERMITTENT),
+        case("node", "feedline", "rec", mpi=2, nodes=2, full=NODE_INTERMITTENT),
+        case("node", "tf", "db", mpi=2, full=NODE_INTERMITTENT),
     ],
     ToySource.name: [
         case(ToySource.name, "tf", "rec"),
@@ -185,13 +193,16 @@ DAMAGED = {
 }
 
 
-def params(table: dict, mpi: bool) -> list:
+def params(table: dict, mpi: bool, full: bool | None = None) -> list:
+    """The cases of *table* (*full*: only the full tier's, or only the default tier's)."""
     out = []
     for name in [*NAMES, ToySource.name]:
         for c in table.get(name, []):
-            if bool(c["mpi"]) != mpi:
+            if bool(c["mpi"]) != mpi or (full is not None and bool(c["full"]) != full):
                 continue
             marks = [pytest.mark.xfail(strict=True, reason=c["xfail"])] if c["xfail"] else []
+            if c["full"]:
+                marks.append(pytest.mark.full)
             out.append(pytest.param(c, id=c["id"], marks=marks))
     return out
 
@@ -283,13 +294,16 @@ def launch(tmp, name: str, cases: list[dict], pristine: dict, ranks: int) -> dic
     return res
 
 
-def _all(table: dict, mpi: bool) -> list[dict]:
-    return [p.values[0] for p in params(table, mpi)]
+def _all(table: dict, mpi: bool, full: bool | None = None) -> list[dict]:
+    return [p.values[0] for p in params(table, mpi, full)]
 
 
 @pytest.fixture(scope="module")
 def mpi_contract(pristine, tmp_path_factory) -> dict:
-    return launch(str(tmp_path_factory.mktemp("mc")), "contract", _all(CONTRACT, True), pristine, 2)
+    """The default tier's MPI contract cases, in one launch (a full-tier case runs in a
+    launch of its own: a case that fails on one rank leaves its peer waiting)."""
+    cases = _all(CONTRACT, True, full=False)
+    return launch(str(tmp_path_factory.mktemp("mc")), "contract", cases, pristine, 2)
 
 
 @pytest.fixture(scope="module")
@@ -349,8 +363,11 @@ def test_contract(c, opened):
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("c", params(CONTRACT, mpi=True))
-def test_contract_mpi(c, mpi_contract):
-    res = mpi_contract[c["id"]]
+def test_contract_mpi(c, pristine, tmp_path, request):
+    if c["full"]:
+        res = launch(str(tmp_path), "contract", [c], pristine, 2)[c["id"]]
+    else:
+        res = request.getfixturevalue("mpi_contract")[c["id"]]
     _ok(res)
     assert res["report"]["ranks"] == 2
     name = ToySource.name if c["source"] == TOY else c["source"]
