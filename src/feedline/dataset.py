@@ -326,7 +326,8 @@ class Dataset:
 
 
 def _expand_node(path_or_paths, comm):
-    """Replace ``{node}`` by this rank's (emulated) node index, as docs/benchmarks.md defines it (node = rank * nodes // ranks)."""
+    """Replace ``{node}`` by this rank's (emulated) node index (node = rank * nodes //
+    ranks, docs/benchmarks.md)."""
     items = path_or_paths if isinstance(path_or_paths, list | tuple) else [path_or_paths]
     if not any("{node}" in os.fspath(p) for p in items):
         return path_or_paths

@@ -143,9 +143,8 @@ class Loader:
         self._alarm: Any = getattr(self.world.dist, "alarm", None)
         if self.world.dist is not None:
             self.world.dist.timeout_s = float(opts.timeout_s)
-        self._next_lock: threading.Lock = (
-            threading.Lock()
-        )  # one consumer at a time (ConcurrencyError)
+        # one consumer at a time (ConcurrencyError)
+        self._next_lock: threading.Lock = threading.Lock()
         self._index: Any = dataset.index
         self.n: int = len(self._index)
         self.decode: bool = dataset.decodes if decode is None else decode

@@ -44,13 +44,13 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import numpy as np
 
 from .. import defaults
 from ..errors import FeedlineError, PeerFailedError, PeerTimeoutError
+from . import ops
 
 _ALARM_TAG = 0xA1A
 _MSG_BYTES = 8192
@@ -372,16 +372,9 @@ def exit_guard() -> None:
             continue
         cause = alarm.announced or alarm.failure or escaped
         text = f"{type(cause).__name__}: {cause}" if cause is not None else "a peer failed"
-        sys.stderr.write(
+        ops.abort(
+            1,
             f"feedline: rank {alarm.rank} ends after {text}; {why}: calling MPI_Abort so "
-            "that the job does not hang in MPI_Finalize (docs/reliability.md)\n"
+            "that the job does not hang in MPI_Finalize (docs/reliability.md)",
         )
-        sys.stderr.flush()
-        with contextlib.suppress(Exception):
-            traceback.print_stack(limit=0)
-        # The launcher kills every process as soon as MPI_Abort reaches it and may drop
-        # output it has not forwarded yet (seen with Hydra: this message lost ~1 run in
-        # 10); give it a moment so the user learns why the job ended.
-        time.sleep(float(defaults.get("abort_delay_s")))
-        MPI.COMM_WORLD.Abort(1)
     return

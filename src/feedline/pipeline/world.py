@@ -100,7 +100,7 @@ def resolve_world(comm: Any, nodes: int = 0) -> LoaderWorld:
     ------
     ConfigError
         torchrun (torch.distributed variables, several processes) without MPI, or a
-        multi-process launch without the MPI package .
+        multi-process launch without the MPI package.
     LaunchMismatchError
         The launcher started several processes but MPI sees one (a ``ConfigError``).
     """
