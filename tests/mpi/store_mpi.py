@@ -69,7 +69,8 @@ if mode == "check":
             if R == 1.0:
                 assert read[1] == read[0] > 0, read  # loaded once, served from memory
             else:
-                assert read[1] == 2 * read[0] > 0, read  # every round re-loaded per epoch
+                # every round re-loaded per epoch (holes read through: not to the byte)
+                assert read[1] - read[0] > 0.8 * read[0] > 0, read
                 assert s["rounds_loaded"] >= 4
             # samples came from other ranks: of this node by shared memory, of other
             # (emulated) nodes by MPI_Get

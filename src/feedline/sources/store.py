@@ -5,7 +5,10 @@ The job's memory holds the samples of the current *round* (the ``memory(R)`` ass
 a random selection of a fraction R of the dataset's units, permuted completely; R = 1 is
 one round of everything). Each rank loads a share of every round from storage into its
 part of a job-wide window (``Win.Allocate``) — the round's ids sorted and cut into P
-equal runs, so a rank's load is a few long reads — and then builds every sub-batch by
+equal runs, so a rank's load is a few long reads: neighbouring records are merged across
+holes of at most ``coalesce_gap`` bytes (:data:`STORE_GAP` when 0; LMDB's page headers
+and page tails), the holes are read into the slot too and the records are served from
+where they landed — and then builds every sub-batch by
 one-sided ``MPI_Rget`` from whichever rank holds each sample, one per rank and step (a
 copy when it holds it itself): DeepIO's RDMA-assisted in-situ shuffle. The window is
 ``Win.Allocate``'d, so a get needs no help from its target's CPU (shared memory on one
@@ -41,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -52,10 +56,18 @@ from .. import defaults
 from ..dist import ops as mpi
 from ..errors import ConfigError, CorruptDataError, FeedlineError, StorageError
 from ..pipeline.reader import ExtentReader, coalesce
+from ..plan.extents import merge_extents
 from ..plan.layout import floor_start
 from .base import RawBatch, Source, SourceContext, SourceStopped, register_source
 
 CLOSE_GRACE_S = 5.0
+#: holes a load reads through when the strategy's ``coalesce_gap`` is 0: two pages, so
+#: LMDB's page headers, the tails of overflow pages and the leaf pages between them do
+#: not cut a share into one read per record
+STORE_GAP = 8192
+#: a share of a round (R < 1) is read through its holes if it fits its slot sized
+#: this much over the dataset's own proportion of holes; else record by record (gap 0)
+_HOLE_MARGIN = 1.02
 STALL_S = 10.0  # close() says it is waiting for the others after this long
 _log = logging.getLogger("feedline.store")
 
@@ -196,6 +208,27 @@ def _share(ids: np.ndarray, P: int, k: int) -> np.ndarray:
     return ids[floor_start(n, P, k) : floor_start(n, P, k + 1)]
 
 
+def share_bytes(
+    fid: np.ndarray, off: np.ndarray, ln: np.ndarray, ids: np.ndarray, P: int, gap: int
+) -> np.ndarray:
+    """Bytes each of the P shares of the sorted *ids* reads when its records are merged
+    across holes of at most *gap* bytes (holes included): one vectorised
+    :func:`~feedline.plan.extents.merge_extents` over all shares, never merging two."""
+    n = len(ids)
+    out = np.zeros(P, dtype=np.int64)
+    if n == 0:
+        return out
+    share = np.repeat(np.arange(P, dtype=np.int64), np.diff(floor_start(n, P, np.arange(P + 1))))
+    f, o, L = fid[ids], off[ids], ln[ids]
+    order = np.lexsort((o, f, share))
+    f, o, L, share = f[order], o[order], L[order], share[order]
+    cut = np.ones(n, dtype=bool)
+    cut[1:] = share[1:] != share[:-1]
+    first, end, _ = merge_extents(f, o, L, gap, cut=cut)
+    np.add.at(out, share[first], end - o[first])
+    return out
+
+
 class StoreSource(Source):
     """Samples served from the job's memory by one-sided reads (DeepIO)."""
 
@@ -253,7 +286,10 @@ class StoreSource(Source):
             "local_bytes": 0,
             "rounds_loaded": 0,
             "store_bytes": 0,
+            "shares_uncoalesced": 0,
         }
+        self._sized: dict[tuple, Any] = {}  # slot sizes, by plan shape and gap
+        self._gap = STORE_GAP
         self._pause = defaults.get("poll_sleep_us") * 1e-6
         self._watch: Any = None  # PeerWatch of the store's communicator
         self._dead: str | None = None  # a peer died: why
@@ -261,16 +297,48 @@ class StoreSource(Source):
 
     # ---------------------------------------------------------------- sizing
     def _sizing(self, plan) -> tuple[_Rounds, int, int]:
+        """The plan's rounds, the bytes of a slot (one rank's share of a round, holes read
+        through included) and the slots: the same on every rank (from the plan only)."""
         rounds = _Rounds(plan)
-        if rounds.whole:
-            per = -(-plan.n // self._P)
-        else:
-            per = -(-int((rounds.hi - rounds.lo).max()) // self._P)
+        gap = self._gap_of(plan)
+        if rounds.whole:  # one round: every share's exact bytes
+            key: tuple = ("whole", plan.n, self._P, gap)
+            if key not in self._sized:
+                ids = np.arange(plan.n, dtype=np.int64)
+                sizes = share_bytes(self._fid, self._off, self._len, ids, self._P, gap)
+                self._sized[key] = int(sizes.max()) if len(sizes) else 0
+            return rounds, self._sized[key], rounds.slots
+        per = -(-int((rounds.hi - rounds.lo).max()) // self._P)
         if self._sorted_len is None:
             self._sorted_len = np.sort(self._len)[::-1]
         # a share holds at most `per` records: the largest `per` lengths bound its bytes
+        # read record by record; read through its holes it may take as much more as the
+        # dataset's holes in proportion (a share that would not fit reads with gap 0)
         slot = int(self._sorted_len[:per].sum()) if per else 0
+        hkey: tuple = ("holes", gap)
+        if hkey not in self._sized:
+            ids = np.arange(len(self._len), dtype=np.int64)
+            whole = int(share_bytes(self._fid, self._off, self._len, ids, 1, gap)[0])
+            self._sized[hkey] = whole / max(int(self._len.sum()), 1)
+        slot = max(slot, math.ceil(slot * self._sized[hkey] * _HOLE_MARGIN))
         return rounds, slot, rounds.slots
+
+    @staticmethod
+    def _gap_of(plan) -> int:
+        return int(plan.strategy.coalesce_gap) or STORE_GAP
+
+    def _extents(self, part: np.ndarray, mine: bool = False) -> Any:
+        """A rank's *part* of a round as merged reads (through holes of at most the gap,
+        or record by record when that would not fit the slot), and where each record
+        lands in the slot. A pure function of the part and the slot size: every rank
+        computes the same for every share."""
+        fid, off, ln = self._fid[part], self._off[part], self._len[part]
+        c = coalesce(fid, off, ln, gap=self._gap)
+        if c.reads.nbytes > self._slot_bytes:
+            if mine:
+                self._st["shares_uncoalesced"] += 1
+            c = coalesce(fid, off, ln, gap=0)
+        return c
 
     def memory_bytes(self, plan) -> int:
         _, slot, nslots = self._sizing(plan)
@@ -468,7 +536,7 @@ class StoreSource(Source):
         mine = _share(ids, self._P, self._me)
         if len(mine) == 0:
             return None
-        c = coalesce(self._fid[mine], self._off[mine], self._len[mine], gap=0)
+        c = self._extents(mine, mine=True)
         base = slot * self._slot_bytes
         if c.reads.nbytes > self._slot_bytes:  # pragma: no cover - sized from the index
             raise FeedlineError("store slot overflow: the share outgrew its bound")
@@ -482,7 +550,7 @@ class StoreSource(Source):
             part = _share(ids, self._P, k)
             if len(part) == 0:
                 continue
-            c = coalesce(self._fid[part], self._off[part], self._len[part], gap=0)
+            c = self._extents(part)
             self._owner[part] = k
             self._disp[part] = base + c.src
 
@@ -517,6 +585,7 @@ class StoreSource(Source):
                 self.ctx.dataset.files, self.ctx.options.io_threads, plan.strategy.read
             )
         self._rounds = rounds
+        self._gap = self._gap_of(plan)
         self._pass += 1
         self._failed = False
         if first_step < plan.num_steps:
