@@ -98,6 +98,54 @@ def test_the_chooser_reads_per_node_at_scale_and_explains():
     assert ch_slow.best.requests <= ch_fast.best.requests
 
 
+def test_contention_collapse_and_queue():
+    """``collapse`` (a real parallel file system's default) charges streams beyond
+    ``server_streams`` as lost bandwidth, which keeps node readers at scale; ``queue``
+    (the emulator's servers) charges only the slots' seek time, so per-rank readers
+    are not penalised for their number."""
+    from feedline.plan.cost import contention_factor, estimate, server_busy_s, shape_of
+
+    base = dict(
+        name="p",
+        latency_s=3e-4,
+        stream_bw=0.8e9,
+        node_bw=1e9,
+        aggregate_bw=2e9,
+        streams_per_node=16,
+        server_streams=16,
+        seek_s=1e-3,
+    )
+    collapse = StorageProfile(**base)
+    queue = StorageProfile(**base, contention="queue")
+    assert collapse.contention == "collapse"
+    assert contention_factor(collapse, 32) == 2.0 and contention_factor(collapse, 8) == 1.0
+    assert contention_factor(queue, 32) == 1.0
+    assert server_busy_s(collapse, 1000, 1e9) == 0.0
+    # 1,000 seeks of 1 ms and 1 GB at 0.8 GB/s over 16 slots
+    assert server_busy_s(queue, 1000, 1e9) == pytest.approx((1.0 + 1.25) / 16)
+    sh = shape_of(LmdbModel(200_000, 3072), WorldSpec(8, 4), 2048, 625_000_000)
+    r_c = estimate(sh, collapse, "rank", MiB, 32)
+    r_q = estimate(sh, queue, "rank", MiB, 32)
+    assert r_c.terms["transfer"] == pytest.approx(2 * r_q.terms["transfer"])
+    # a queueing storage whose seeks dominate still bounds the transfer
+    seeky = StorageProfile(**{**base, "seek_s": 0.5}, contention="queue")
+    r_s = estimate(sh, seeky, "rank", MiB, 32)
+    assert r_s.terms["transfer"] == pytest.approx(server_busy_s(seeky, r_s.requests, sh.file_bytes))
+    assert r_s.terms["transfer"] > r_q.terms["transfer"]
+    # the emulator's 8 ranks on 4 nodes: of the window plans, per-rank reads win under
+    # queue, one reader per node under collapse
+    rec = LmdbModel(200_000, 3072)
+
+    def best_window(prof):
+        ch = choose(rec, WorldSpec(8, 4), 2048, 625_000_000, prof)
+        ok = [c for c in ch.candidates if c.unit in ("rank", "node") and not c.rejected]
+        return min(ok, key=lambda c: c.cost).unit, ch.explain()
+
+    unit, text = best_window(queue)
+    assert unit == "rank" and "server slots" in text
+    assert best_window(collapse)[0] == "node"
+
+
 def test_small_datasets_mix_classes_at_one_rank():
     """Class-sorted data (labels = id * 10 // n), batch 256, one process."""
     for n in (20_000, 100_000):

@@ -71,6 +71,8 @@ def emulator_profile(path: str) -> dict[str, Any] | None:
         "streams_per_node": int(p["server_concurrency"]) * int(p["servers"]),
         "server_streams": int(p["server_concurrency"]) * int(p["servers"]),
         "seek_s": float(p.get("seek_us", 0.0)) * 1e-6,
+        # its servers queue requests beyond their slots without losing throughput
+        "contention": "queue",
         "shared_cache": "view",
         "fs_type": "fuse",
         "source": f"storage emulator at {doc.get('mountpoint')} (its parameters)",

@@ -67,6 +67,12 @@ class StorageProfile:
     streams_per_node: int
     server_streams: int = 0
     seek_s: float = 0.0  # paid by a request that does not continue the previous one
+    #: what more than ``server_streams`` concurrent streams do: ``collapse`` — the
+    #: aggregate bandwidth falls in proportion (seek thrashing and lock traffic of a real
+    #: parallel file system under many clients); ``queue`` — requests wait for a free
+    #: server slot and the throughput holds (the storage emulator's servers), so only
+    #: the slots' seek time is charged
+    contention: str = "collapse"
     shared_cache: str = "node"
     fs_type: str = ""
     source: str = "default"
@@ -316,6 +322,25 @@ def shape_of(records, world: WorldSpec, batch_size: int, memory_cap: int) -> Sha
     )
 
 
+def contention_factor(profile: StorageProfile, streams: float) -> float:
+    """How much slower the storage serves *streams* concurrent request streams than
+    ``server_streams`` of them: ``streams / server_streams`` beyond them when the
+    profile's ``contention`` is ``collapse``, else (``queue``, or no limit) 1."""
+    if not profile.server_streams or profile.contention == "queue":
+        return 1.0
+    return max(1.0, streams / profile.server_streams)
+
+
+def server_busy_s(profile: StorageProfile, requests: float, nbytes: float) -> float:
+    """Seconds the storage servers' ``server_streams`` slots are busy serving *requests*
+    requests of *nbytes* bytes in all, each paying ``seek_s`` (tiles start at random
+    places) — the bound of a ``queue`` profile, whose servers keep their throughput under
+    any number of streams but not their seek time (0 for other profiles)."""
+    if profile.contention != "queue" or not profile.server_streams:
+        return 0.0
+    return (requests * profile.seek_s + nbytes / profile.stream_bw) / profile.server_streams
+
+
 def unit_geometry(sh: Shape, unit: str) -> tuple[int, int, float]:
     """(units, units per node, mean samples per unit and step)."""
     if unit == "node":
@@ -394,7 +419,7 @@ def estimate(
     readers_on_node = 1 if unit == "node" else units_per_node
     depth = READER_DEPTH
     streams = U * depth
-    f = max(1.0, streams / profile.server_streams) if profile.server_streams else 1.0
+    f = contention_factor(profile, streams)
     per_reader_bw = min(
         profile.stream_bw * min(depth, max(profile.streams_per_node, 1)),
         profile.node_bw / readers_on_node,
@@ -404,9 +429,10 @@ def estimate(
     t_lat = sys_unit * lat / depth
     t_bw = share / per_reader_bw
     t_agg = sh.file_bytes * f / profile.aggregate_bw if profile.aggregate_bw else 0.0
+    t_srv = server_busy_s(profile, est.requests, sh.file_bytes)
     est.terms = {
         "latency": t_lat,
-        "transfer": max(t_bw, t_agg),
+        "transfer": max(t_bw, t_agg, t_srv),
         "first_window": lat + wb / per_reader_bw,
         "coordination": sh.steps * COORD[unit]["step"] + nw * COORD[unit]["window"],
     }
@@ -439,7 +465,15 @@ class Choice:
             f"storage profile {p.name!r} ({p.source}): latency {p.latency_s * 1e3:.2f} ms, "
             f"stream {p.stream_bw / 1e9:.2f} GB/s, node {p.node_bw / 1e9:.2f} GB/s, "
             f"aggregate {'per node' if not p.aggregate_bw else f'{p.aggregate_bw / 1e9:.0f} GB/s'}"
-            + (f", contention beyond {p.server_streams} streams" if p.server_streams else ""),
+            + (
+                (
+                    f", {p.server_streams} server slots (requests queue beyond them)"
+                    if p.contention == "queue"
+                    else f", contention beyond {p.server_streams} streams"
+                )
+                if p.server_streams
+                else ""
+            ),
             f"job: {sh.ranks} ranks on {sh.nodes} nodes, batch {sh.batch}, {sh.n} samples of "
             f"{sh.mean_len:.0f} B (file {sh.file_bytes / 1e9:.2f} GB), memory cap "
             f"{sh.cap / 1e9:.2f} GB per node",
