@@ -9,10 +9,11 @@ import itertools
 import numpy as np
 import pytest
 
+from feedline import ConfigError
 from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
 from feedline.plan.cost import PROFILES, estimate, shape_of
 from feedline.plan.rl import randomization_level, rl_memory
-from feedline.plan.store_cost import store_estimate
+from feedline.plan.store_cost import EPOCH_HORIZON, store_candidate, store_estimate
 from feedline.sources.store import _Rounds, _share
 
 
@@ -97,22 +98,120 @@ def test_store_estimate_terms():
     later = store_estimate(sh, prof, 1.0, epoch=1)
     half = store_estimate(sh, prof, 0.5, epoch=1)
     opp = store_estimate(sh, prof, 1.0, mode="opportunistic", epoch=1)
-    assert not first.rejected and first.terms["transfer"] > 0 and first.bytes > 0
-    assert later.terms["transfer"] == later.terms["latency"] == 0 == later.bytes  # in memory
-    assert half.terms["transfer"] > 0 and half.windows_per_unit == 2  # R < 1 reloads
-    assert half.memory_per_node == pytest.approx(later.memory_per_node)  # 2R = 1
-    assert opp.knobs["remote_gets"] == 0 < later.knobs["remote_gets"]
+    # R = 1: the whole load is exposed before the first batch, and counted once
+    assert not first.rejected and first.terms["first_window"] > 0 and first.bytes > 0
+    assert first.terms["transfer"] == first.terms["latency"] == 0
+    assert later.terms["first_window"] == later.terms["transfer"] == 0 == later.bytes  # in memory
+    # R < 1 reloads every epoch: round 1 exposed, round 2 overlapped
+    assert half.terms["transfer"] > 0 and half.windows_per_unit == 2
+    overlapped = half.terms["latency"] + half.terms["transfer"]
+    assert overlapped == pytest.approx(half.terms["first_window"], rel=1e-9)
+    assert half.memory_per_node == pytest.approx(1.02 * later.memory_per_node)  # 2R = 1, + 2%
+    assert later.memory_per_node == pytest.approx(sh.n * sh.mean_len * sh.span / 4)
+    assert opp.figures["remote_gets"] == 0 < later.figures["remote_gets"]
     assert opp.terms["serve"] < later.terms["serve"]
     assert opp.rl < later.rl == pytest.approx(1.0)
     # the first epoch pays the load on top of what every epoch pays; comparable with a
     # window candidate's estimate (same Estimate, same term names)
-    load = first.terms["latency"] + first.terms["transfer"] + first.terms["first_window"]
+    load = first.terms["first_window"]
     assert first.cost == pytest.approx(later.cost + load + first.terms["coordination"])
+    # the candidate the chooser compares: its mean cost over EPOCH_HORIZON epochs
+    cand = store_candidate(sh, prof, 1.0)
+    H = EPOCH_HORIZON
+    assert cand.cost == pytest.approx((first.cost + (H - 1) * later.cost) / H)
+    assert cand.figures["first_epoch_s"] == pytest.approx(first.cost)
+    assert cand.figures["later_epoch_s"] == pytest.approx(later.cost)
+    assert cand.requests == first.requests and cand.bytes == first.bytes  # the load
     window = estimate(sh, prof, "rank", 8 << 20, 0)
     assert set(window.terms) <= set(later.terms) and window.cost > 0
     small_cap = shape_of(rec, WorldSpec(8, 4), 256, 10_000_000)
     assert "memory cap" in store_estimate(small_cap, prof, 1.0).rejected
     assert not store_estimate(small_cap, prof, 0.02).rejected
+
+
+# ------------------------------------------------------- the store in the cost model
+
+
+def _choice(n, P, M, cap, profile, **kw):
+    from feedline.plan.cost import choose
+    from feedline.plan.lmdb_model import LmdbModel
+
+    return choose(
+        LmdbModel(n, 3072), WorldSpec(P, M), 2 * P if n > 10**6 else 1024, cap, profile, **kw
+    )
+
+
+@pytest.mark.parametrize(
+    ("P", "M", "profile"),
+    [(1, 1, "local"), (4, 1, "local"), (4, 2, "local"), (1, 1, "parallel"), (4, 2, "parallel")],
+)  # fmt: skip
+def test_chooser_takes_the_store_when_it_fits_and_pays(P, M, profile):
+    """50,000 x 3 KB (200 MB on disk) under a 2 GB cap: the store's first epoch costs
+    about what a window epoch does (both read the file once) and its later epochs only
+    copy from memory, so over EPOCH_HORIZON epochs it wins, and says so."""
+    c = _choice(50_000, P, M, 2_000_000_000, profile)
+    assert c.best.unit == "store" and c.strategy.store == "ordered"
+    assert c.strategy.assignment == "memory" and c.strategy.memory_fraction == 1.0
+    assert not c.strategy.auto and c.strategy.readers_per_node == 0
+    f = c.best.figures
+    assert f["later_epoch_s"] < f["first_epoch_s"] and c.best.rl == pytest.approx(1.0)
+    win = c.runner_up
+    assert win is not None and win.unit != "store" and c.best.cost < win.cost
+    text = c.explain()
+    assert "DeepIO store, R=1: epoch 1" in text and "-> won:" in text
+    assert "chosen: DeepIO store (ordered, R=1)" in text
+    again = _choice(50_000, P, M, 2_000_000_000, profile)  # pure: every rank agrees
+    assert again.strategy == c.strategy and again.best.cost == c.best.cost
+
+
+def test_chooser_leaves_the_store_out_when_it_does_not_fit_or_pay_or_run():
+    # over the cap: rejected, a window plan chosen, and explain says why
+    c = _choice(50_000, 4, 2, 40_000_000, "local")
+    assert (
+        c.best.unit != "store" and c.strategy.store == "auto" and c.strategy.assignment == "window"
+    )
+    stores = [x for x in c.candidates if x.unit == "store"]
+    assert len(stores) == 2 and all(x.rejected.startswith("memory cap") for x in stores)
+    assert "DeepIO store, R=1: rejected (memory cap" in c.explain()
+    # R = 0.25 fits where R = 1 does not; on the tmpfs profile reading is as cheap as
+    # serving, and the store's R = 0.25 rereads its rounds every epoch: it loses
+    c = _choice(50_000, 4, 2, 80_000_000, "memory")
+    r1, r25 = (x for x in c.candidates if x.unit == "store")
+    assert r1.rejected and not r25.rejected and c.best.unit != "store"
+    assert "-> lost: " in c.explain()
+    # 206 GB over 128 nodes fits (1.5 GiB a node) but every rank loading it at once
+    # contends at the parallel file system: the load costs more than the window plan
+    # saves over the horizon (issue 13's shape: the choice is unchanged)
+    c = _choice(50_000_000, 4608, 128, 2_500_000_000, "parallel")
+    st = next(x for x in c.candidates if x.unit == "store" and not x.rejected)
+    assert c.best.unit == "node" and st.cost > c.best.cost and st.figures["later_epoch_s"] < 1
+    # 64 ranks on 8 nodes with local disks: 8 disks read the 200 MB faster than the
+    # store's 50,000 remote gets per epoch serve it
+    c = _choice(50_000, 64, 8, 2_000_000_000, "local")
+    st = next(x for x in c.candidates if x.unit == "store" and not x.rejected)
+    assert c.best.unit == "rank" and st.figures["later_epoch_s"] > c.best.cost
+    # off, or not available here: not a candidate, and explain says why
+    base = get_strategy("feedline", store="off")
+    c = _choice(50_000, 4, 2, 2_000_000_000, "local", base=base)
+    assert c.best.unit != "store" and not [x for x in c.candidates if x.unit == "store"]
+    assert "DeepIO store: not a candidate (store='off')" in c.explain()
+    c = _choice(50_000, 4, 2, 2_000_000_000, "local", store="it needs an MPI world")
+    assert c.best.unit != "store" and c.store_off == "it needs an MPI world"
+    # store="ordered"/"opportunistic" on the feedline preset: only R is chosen
+    c = _choice(
+        50_000, 4, 2, 80_000_000, "local", base=get_strategy("feedline", store="opportunistic")
+    )
+    assert c.strategy.store == "opportunistic" and c.strategy.memory_fraction == 0.25
+    with pytest.raises(ConfigError, match="cannot run here"):
+        _choice(
+            50_000,
+            4,
+            2,
+            2_000_000_000,
+            "local",
+            base=get_strategy("feedline", store="ordered"),
+            store="no MPI",
+        )
 
 
 # ------------------------------------------------------------------ portable API
@@ -229,3 +328,31 @@ def test_example_trains_with_the_portable_api(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "ids.0").read_text().splitlines()]
     for e in (0, 1):
         assert sorted(i for r in rows if r["epoch"] == e for i in r["ids"]) == list(range(200))
+
+
+@pytest.mark.parametrize("R", [1.0, 0.25])
+def test_plan_stats_of_a_store_plan_are_its_loads(R):
+    """``feedline plan`` figures of a store plan: each rank's shares, merged across
+    LMDB's holes as the store loads them (not one read per sample), the same bytes the
+    store's slots are sized from."""
+    from feedline.plan.lmdb_model import LmdbModel
+    from feedline.plan.stats import plan_stats, store_load
+    from feedline.sources.store_plan import STORE_GAP, _Rounds, share_bytes
+
+    rec = LmdbModel(5_000, 3072)
+    plan = make_plan(
+        rec, WorldSpec(4, 2), get_strategy("deepio-ordered", memory_fraction=R), 1, 0, 64
+    )
+    st = plan_stats(plan, "x")
+    payload = 5_000 * 3072
+    assert st["payload_bytes_total"] == pytest.approx(payload)
+    assert st["ops_per_reader"] <= (2 if R == 1 else 5_000 / 64 / 4 + 4)  # not 1,250
+    assert 1.2 * payload < st["bytes_per_reader"] * 4 < 1.4 * payload  # holes read through
+    fid, off, ln = (np.asarray(a, dtype=np.int64) for a in rec.extents(np.arange(5_000)))
+    rounds = _Rounds(plan)
+    for k in range(4):
+        got = sum(
+            int(share_bytes(fid, off, ln, rounds.ids(r), 4, STORE_GAP)[k])
+            for r in range(rounds.count)
+        )
+        assert int(store_load(plan, k)[0].sum()) == got

@@ -182,6 +182,17 @@ def test_both_modes_exactly_once_and_resume_exact(cifar, variable, kind, n, node
     assert out.count("STORE-EXACT-OK") == n, out
 
 
+@pytest.mark.parametrize(("n", "nodes", "then"), [(4, 2, 2), (2, 0, 3)])
+def test_feedline_chooses_the_store_and_resumes_it_elsewhere(cifar, tmp_path, n, nodes, then):
+    """Loader(path) under mpiexec: the cost model picks the store (store="auto"); a
+    mid-epoch state resumes at another world size with the same remaining batches."""
+    state = str(tmp_path / "state.json")
+    out = _mpi(n, cifar, "auto", state, nodes=nodes)
+    assert out.count("STORE-AUTO-OK") == n, out
+    out = _mpi(then, cifar, "auto-resume", state)
+    assert out.count("STORE-AUTO-RESUME-OK") == then, out
+
+
 @pytest.mark.parametrize("mode", ["slow-peers", "late-close", "out-of-step", "interrupted"])
 def test_store_ranks_out_of_sync(cifar, mode):
     # slow-peers: a rank that left waits in close() while the others take their time
@@ -294,3 +305,53 @@ def test_store_knob_picks_the_source_and_retired_knobs_say_why(cifar):
         Loader(ds, 64, preset="skip", own_lock=False)
     old = dict(get_strategy("async").to_dict(), io_thread=True, own_lock=False)
     assert Strategy.from_dict(old) == get_strategy("async")  # older saved states load
+
+
+def test_store_auto_semantics_and_resume_across_choices(cifar):
+    """``store="auto"`` (the feedline preset): the store when the model says so, never
+    when it is off, another source or window knobs are asked for, or it does not fit;
+    a checkpoint made under one choice finishes its epoch under the other."""
+    ds = open_dataset(cifar)
+    kw = {"seed": 9, "decode": False}
+    with Loader(ds, 32, **kw) as auto:
+        s = auto.stats()
+        assert s["source"] == "store" and s["plan_store"] == "chosen"
+        assert s["plan_figures"]["later_epoch_s"] < s["plan_figures"]["first_epoch_s"]
+        assert auto.strategy.assignment == "memory" and auto.strategy.store == "ordered"
+        ids = np.concatenate([b.ids for b in auto])
+        assert np.array_equal(np.sort(ids), np.arange(len(ds)))
+    for extra, why in (
+        ({"store": "off"}, "store='off'"),
+        ({"source": "direct"}, "source='direct' asked for"),
+        ({"chunk_bytes": 1 << 20}, "window knobs given (chunk_bytes)"),
+    ):
+        with Loader(ds, 32, **kw, **extra) as ld:
+            s = ld.stats()
+            assert s["source"] == "direct" and s["plan_store"] == f"off: {why}", extra
+            assert ld.strategy.assignment == "window"
+            assert f"DeepIO store: not a candidate ({why})" in ld.explain()
+    small = "2MB"  # the store (2.9 MB with LMDB's holes) does not fit: windows
+    with Loader(ds, 32, memory_cap=small, **kw) as win:
+        assert win.stats()["source"] == "direct" and win.stats()["plan_store"] == "lost"
+        assert "DeepIO store, R=1: rejected (memory cap" in win.explain()
+        assert "DeepIO store, R=0.25: rejected (memory cap" in win.explain()
+    with Loader(ds, 32, source="store", **kw) as forced:  # asked for: the store it is
+        assert forced.stats()["source"] == "store"
+    with pytest.raises(ConfigError, match="memory cap"):
+        Loader(ds, 32, source="store", memory_cap=small, **kw)
+    # a checkpoint under one choice, resumed under the other: the same rest of the epoch
+    for first, then in (({"memory_cap": small}, {}), ({}, {"memory_cap": small})):
+        with Loader(ds, 32, **kw, **first) as a:
+            a.set_epoch(1)
+            it = iter(a)
+            for _ in range(5):
+                next(it)
+            state = a.state_dict()
+            rest = [(b.ids.copy(), np.ascontiguousarray(b.data).copy()) for b in it]
+        with Loader(ds, 32, **kw, **then) as b:
+            assert b.stats()["source"] != a.stats()["source"]
+            b.load_state_dict(state)
+            assert _same(_epoch(b), rest)
+            b.set_epoch(2)  # then its own choice
+            ids = np.concatenate([x.ids for x in b])
+            assert np.array_equal(np.sort(ids), np.arange(len(ds)))

@@ -249,11 +249,12 @@ class Loader:
 
     def _choose(self, profile, explicit_source: str | None) -> None:
         """Resolve the ``feedline`` preset with the cost model (plan/cost.py): who reads
-        (every rank, or one reader per node into a shared window), tiles and windows for
-        this world, dataset, memory cap and storage profile. Pure: every rank agrees."""
+        (every rank, or one reader per node into a shared window), tiles and windows, or
+        the DeepIO store (``store="auto"``). Pure: every rank agrees."""
         from .plan.cost import choose, get_profile
         from .plan.records import as_records
         from .plan.world import WorldSpec
+        from .sources.store_plan import store_overflow, store_unavailable
 
         files = list(getattr(self.dataset, "files", []) or [])
         prof = get_profile(profile, files[0] if files else None)
@@ -262,21 +263,30 @@ class Loader:
             aggregate = True
         else:
             units, aggregate = ("rank",), False
-        self.choice = choose(
+        base = self.strategy  # source="store": the store it is; the model picks R
+        if explicit_source == "store" and base.store in ("auto", "off"):
+            base = base.replace(store="ordered")
+        mine = {k: v for k, v in self._knobs.items() if k in CHOSEN_KNOBS}
+        store = store_unavailable(self.world, explicit_source, mine) or True
+        args = (
             as_records(self._index),
             WorldSpec(self.world.size, self.world.nodes),
             self.batch_size,
             self._read_cap(),
             prof,
-            base=self.strategy,
-            aggregate=aggregate,
-            units=units,
         )
+        self.choice = choose(*args, base=base, aggregate=aggregate, units=units, store=store)
+        over = store_overflow(self._index, self.choice.strategy, args, self.seed)
+        if over and base.store == "auto":  # the closed form was short: windows only
+            self.choice = choose(*args, base=base, aggregate=aggregate, units=units, store=over)
+        elif over:
+            raise ConfigError(f"store={base.store!r}: {over}")
         self.strategy = self.choice.strategy
-        mine = {k: v for k, v in self._knobs.items() if k in CHOSEN_KNOBS}
         if mine:  # knobs the user set win over the model's choice
             self.strategy = self.strategy.replace(**mine)
-        if explicit_source is None:
+        if explicit_source is None and self.strategy.store in ("ordered", "opportunistic"):
+            self._source_name = "store"
+        elif explicit_source is None:
             self._source_name = "node" if self.strategy.aggregated else "direct"
             if self._source_name == "direct" and self.strategy.aggregated:  # pragma: no cover
                 self.strategy = self.strategy.replace(readers_per_node=0, region="rank")
@@ -685,6 +695,8 @@ class Loader:
             out["plan_estimate_s"] = best.cost
             out["plan_estimate_terms"] = dict(best.terms)
             out["plan_requests_per_epoch"] = best.requests
+            out["plan_store"] = self.choice.store_verdict  # the DeepIO store: chosen or why not
+            out["plan_figures"] = dict(best.figures)  # the store's first and later epochs
         return out
 
     # -------------------------------------------------------------- lifecycle

@@ -4,7 +4,8 @@ presets) delivers what every rank reading for itself delivers, keeps R = 1 in me
 across epochs, survives ranks leaving a pass early, resumes, and shares load errors.
 
     store_mpi.py DATASET_DIR MODE
-    MODE: check | exact | error | slow-peers | late-close | out-of-step | interrupted
+    MODE: check | exact | auto STATE | auto-resume STATE | error | slow-peers | late-close |
+          out-of-step | interrupted
 Prints STORE-OK / STORE-<MODE>-OK once per rank.
 """
 
@@ -138,6 +139,45 @@ elif mode == "exact":
         if P > 1:
             assert p[1] < o[1], (R, o, p)
     print(f"STORE-EXACT-OK rank {rank} {gets}", flush=True)
+elif mode in ("auto", "auto-resume"):
+    # the feedline preset's cost model chooses the store (store="auto"): exactly once,
+    # loaded once, and a mid-epoch state resumes in another launch at another world
+    # size (argv[3]: the state file) with the same remaining global batches
+    state_file = sys.argv[3]
+
+    def global_steps(got):
+        return [
+            sorted(i for part in parts for i in part)
+            for parts in zip(*comm.allgather([g[0] for g in got]), strict=True)
+        ]
+
+    with Loader(ds, B, seed=11, decode=False) as ld:
+        s = ld.stats()
+        assert s["source"] == "store" and s["plan_store"] == "chosen", ld.explain()
+        assert "-> won:" in ld.explain()
+        if mode == "auto":
+            read = []
+            for e in range(2):
+                ld.set_epoch(e)
+                once(batches(ld))
+                read.append(ld.stats()["storage_bytes"])
+            assert read[1] == read[0] > 0, read  # R = 1: loaded once, served from memory
+            ld.set_epoch(2)
+            it = iter(ld)
+            for _ in range(3):
+                next(it)
+            state = ld.state_dict()
+            rest = global_steps([(b.ids.tolist(), None) for b in it])
+            if rank == 0:
+                with open(state_file, "w") as f:
+                    json.dump({"state": state, "rest": rest}, f)
+        else:
+            with open(state_file) as f:
+                saved = json.load(f)
+            ld.load_state_dict(saved["state"])
+            got = batches(ld)
+            assert global_steps(got) == saved["rest"], "elastic resume of the store differs"
+    print(f"STORE-{mode.upper()}-OK rank {rank}", flush=True)
 elif mode == "slow-peers":
     # rank 0 leaves after one step and closes; the others need its shares of the rounds
     # left and take 0.15 s a step: close() waits for them (and says so) instead of

@@ -10,8 +10,11 @@ first window (exposed before the first batch), coordination per step and per win
 plus its memory per node, randomization level and how many places of the file a global
 batch draws from. The ``feedline`` preset is the cheapest candidate that fits the memory
 cap, reaches the RL floor and mixes (>= ``MIX_REGIONS`` tiles per global batch, or every
-tile of the dataset). Everything is closed-form in the job's shape: choosing for 9,216
-ranks takes milliseconds, and every rank computes the same choice without talking.
+tile of the dataset). With ``store="auto"`` the DeepIO store is a candidate too
+(:func:`~feedline.plan.store_cost.store_candidate`: its mean cost over the first
+``EPOCH_HORIZON`` epochs, when it fits the cap). Everything is closed-form in the job's
+shape: choosing for 9,216 ranks takes milliseconds, and every rank computes the same
+choice without talking.
 """
 
 from __future__ import annotations
@@ -247,6 +250,7 @@ class Estimate:
     terms: dict[str, float] = field(default_factory=dict)
     rl: float | None = None
     rejected: str = ""
+    figures: dict[str, float] = field(default_factory=dict)  # the store's (store_cost.py)
 
     @property
     def cost(self) -> float:
@@ -257,6 +261,11 @@ class Estimate:
         return self.bytes / max(self.requests, 1.0)
 
     def label(self) -> str:
+        if self.unit == "store":
+            R = float(self.knobs.get("memory_fraction", 1.0))
+            return (
+                f"DeepIO store ({self.knobs.get('store', 'ordered')}, R={R:g}), whole-epoch shuffle"
+            )
         who = "1 reader/node" if self.unit == "node" else "every rank"
         return f"{who}, tiles {_fmt(self.tile_bytes)}, windows {_fmt(self.window_bytes)} ({self.window_steps} steps)"
 
@@ -457,6 +466,26 @@ class Choice:
     candidates: list[Estimate]
     profile: StorageProfile
     shape: Shape
+    store_off: str = ""  # why the DeepIO store was not a candidate ("": it was)
+
+    @property
+    def store_verdict(self) -> str:
+        """The DeepIO store: ``"chosen"``, ``"lost"`` (to a cheaper plan, over the cap or
+        under the RL floor: :meth:`explain` says which), or ``"off: why"``."""
+        if self.best.unit == "store":
+            return "chosen"
+        return f"off: {self.store_off}" if self.store_off else "lost"
+
+    @property
+    def runner_up(self) -> Estimate | None:
+        """The cheapest qualifying candidate of the other kind than the choice (a
+        window plan when the store won)."""
+        other = [
+            c
+            for c in self.candidates
+            if not c.rejected and (c.unit == "store") != (self.best.unit == "store")
+        ]
+        return min(other, key=lambda c: c.cost) if other else None
 
     def explain(self, top: int = 5) -> str:
         """The model's estimate term by term for the choice and the runners-up."""
@@ -478,38 +507,92 @@ class Choice:
             f"{sh.mean_len:.0f} B (file {sh.file_bytes / 1e9:.2f} GB), memory cap "
             f"{sh.cap / 1e9:.2f} GB per node",
             f"{'':2}{'candidate':<58}{'cost s':>9}{'latency':>9}{'transfer':>9}{'1st win':>9}"
-            f"{'coord':>8}{'requests':>11}{'mean read':>11}{'regions':>9}{'RL':>6}",
+            f"{'serve':>8}{'coord':>8}{'requests':>11}{'mean read':>11}{'regions':>9}{'RL':>6}",
         ]
         ok = [c for c in self.candidates if not c.rejected]
         ok.sort(key=lambda c: c.cost)
         shown = [self.best, *[c for c in ok if c is not self.best][: top - 1]]
+        stores = [c for c in ok if c.unit == "store" and c not in shown]
+        shown += stores[:1]  # the store's best try, even when far down the list
         for c in shown:
             t = c.terms
             mark = "*" if c is self.best else " "
             rl = f"{c.rl:.3f}" if c.rl is not None else "  -  "
             lines.append(
                 f"{mark} {c.label():<58}{c.cost:>9.3f}{t['latency']:>9.3f}{t['transfer']:>9.3f}"
-                f"{t['first_window']:>9.3f}{t['coordination']:>8.3f}{c.requests:>11.0f}"
-                f"{_fmt(c.mean_read):>11}{c.regions_per_batch:>9.0f}{rl:>6}"
+                f"{t['first_window']:>9.3f}{t.get('serve', 0.0):>8.3f}{t['coordination']:>8.3f}"
+                f"{c.requests:>11.0f}{_fmt(c.mean_read):>11}{c.regions_per_batch:>9.0f}{rl:>6}"
             )
-        rej = [c for c in self.candidates if c.rejected]
+        rej = [c for c in self.candidates if c.rejected and c.unit != "store"]
         if rej:
             reasons: dict[str, int] = {}
             for c in rej:
                 key = c.rejected.split(":")[0]
                 reasons[key] = reasons.get(key, 0) + 1
             lines.append("rejected: " + "; ".join(f"{v} x {k}" for k, v in sorted(reasons.items())))
+        lines.extend(self._explain_store())
         b = self.best
-        lines.append(
-            f"chosen: {b.label()} — cheapest of {len(ok)} candidates that fit the cap, "
-            f"reach RL >= {self.strategy.rl_floor:g} and draw each global batch from >= "
-            f"{min(MIX_REGIONS, sh.batch)} places of the file (or all of them)"
-        )
+        if b.unit == "store":
+            lines.append(
+                f"chosen: {b.label()} — cheapest of {len(ok)} candidates over "
+                f"{int(b.figures.get('horizon', 1))} epochs that fit the cap and reach RL >= "
+                f"{self.strategy.rl_floor:g}"
+            )
+        else:
+            lines.append(
+                f"chosen: {b.label()} — cheapest of {len(ok)} candidates that fit the cap, "
+                f"reach RL >= {self.strategy.rl_floor:g} and draw each global batch from >= "
+                f"{min(MIX_REGIONS, sh.batch)} places of the file (or all of them)"
+            )
         return "\n".join(lines)
+
+    def _explain_store(self) -> list[str]:
+        """The DeepIO store's lines: its terms, and why it won or lost (or why it was
+        not a candidate)."""
+        if self.store_off:
+            return [f"DeepIO store: not a candidate ({self.store_off})"]
+        tried = [c for c in self.candidates if c.unit == "store"]
+        if not tried:
+            return []
+        lines = []
+        for c in tried:
+            head = f"DeepIO store, R={float(c.knobs.get('memory_fraction', 1.0)):g}"
+            if c.rejected:
+                lines.append(f"{head}: rejected ({c.rejected})")
+                continue
+            f = c.figures
+            lines.append(
+                f"{head}: epoch 1 {f['first_epoch_s']:.3f} s (loads {_fmt(c.bytes)} in "
+                f"{c.requests:.0f} requests), later epochs {f['later_epoch_s']:.3f} s "
+                f"(reads {'nothing' if float(c.knobs.get('memory_fraction', 1.0)) >= 1 else 'its rounds again'}"
+                f"; {f['remote_gets']:.0f} remote gets, {_fmt(f['remote_bytes'])} from other "
+                f"nodes), mean {c.cost:.3f} s per epoch over {int(f['horizon'])} epochs; "
+                f"{_fmt(c.memory_per_node)} per node of a {_fmt(self.shape.cap)} cap"
+            )
+            if c is self.best:
+                lines.append(
+                    f"  -> won: {c.cost:.3f} s per epoch against "
+                    + (
+                        f"{self.runner_up.cost:.3f} s for the best window plan"
+                        if self.runner_up is not None
+                        else "no window plan that qualifies"
+                    )
+                )
+            elif self.best.unit == "store":
+                lines.append("  -> lost to the store at another R")
+            else:
+                why = (
+                    f"RL {c.rl:.3f} < floor {self.strategy.rl_floor:g}"
+                    if c.rl is not None and c.rl + 1e-12 < self.strategy.rl_floor
+                    else f"{c.cost:.3f} s per epoch against {self.best.cost:.3f} s for the choice"
+                )
+                lines.append(f"  -> lost: {why}")
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.profile.to_dict(),
+            "store_off": self.store_off,
             "chosen": self.best.to_dict(),
             "strategy": self.strategy.to_dict(),
             "candidates": [c.to_dict() for c in self.candidates],
@@ -526,8 +609,10 @@ def choose(
     base: Strategy | None = None,
     aggregate: bool = True,
     units: tuple[str, ...] | None = None,
+    store: bool | str = True,
 ) -> Choice:
-    """The cheapest ``window`` plan for this job (see the module docstring).
+    """The cheapest plan for this job: a ``window`` plan, or the DeepIO store when
+    ``base.store`` lets it be one (see the module docstring).
 
     Parameters
     ----------
@@ -544,8 +629,16 @@ def choose(
         Whether one reader per node may read for its node (needs MPI shared memory).
     units : tuple of str, optional
         Restrict who reads: ``("node",)`` or ``("rank",)``.
+    store : bool or str
+        Whether the DeepIO store can run here (the Loader's store source needs an MPI
+        world with ``MPI_THREAD_MULTIPLE``, or one process); a string says why not. With
+        ``base.store`` ``"auto"`` the store (ordered mode, R = 1 or 0.25, whichever fits
+        the cap) competes with the ``window`` candidates on its mean cost over
+        :data:`~feedline.plan.store_cost.EPOCH_HORIZON` epochs; ``"ordered"`` or
+        ``"opportunistic"`` choose only R; ``"off"`` leaves it out.
     """
     from .rl import rl_grouped
+    from .store_cost import FRACTIONS, store_candidate
     from .strategy import PRESETS
 
     base = base or PRESETS["feedline"]
@@ -557,6 +650,17 @@ def choose(
         who = ["rank"]
         if aggregate and world.nodes < world.size:
             who.append("node")
+    store_off = ""
+    if base.store == "off":
+        store_off = "store='off'"
+    elif base.assignment != "window":  # an order the caller fixed (shuffle=False)
+        store_off = f"the order is fixed (assignment={base.assignment!r})"
+    elif store is not True:
+        store_off = store if isinstance(store, str) and store else "not available here"
+    if base.store in ("ordered", "opportunistic"):
+        if store_off:
+            raise ConfigError(f"store={base.store!r} cannot run here: {store_off}")
+        who = []  # the store was asked for: only its memory fraction is chosen
     tiles = list(TILE_BYTES)
     small = int(sh.file_bytes / MIN_TILES / sh.span)
     if small < TILE_BYTES[0]:  # small datasets: tiles that still cut the file in 32 places
@@ -571,8 +675,11 @@ def choose(
             seen.add(key)
             uniq.append(c)
     cands = uniq
+    if not store_off:
+        mode = base.store if base.store in ("ordered", "opportunistic") else "ordered"
+        cands += [store_candidate(sh, prof, R, mode=mode) for R in FRACTIONS]
     for c in cands:
-        if c.rejected:
+        if c.rejected or c.unit == "store":
             continue
         tiles_total = sh.file_bytes / max(c.tile_bytes * sh.span, 1.0)
         need_tiles = min(float(MIN_TILES), float(sh.n))
@@ -586,8 +693,10 @@ def choose(
     ok = sorted((c for c in cands if not c.rejected), key=lambda c: (c.cost, c.requests))
     best = None
     for c in ok:
-        _U, _, mean_unit = unit_geometry(sh, c.unit)
-        c.rl = rl_grouped(sh.n, max(1, round(mean_unit * c.window_steps)), local_shuffle=True)
+        if c.unit != "store":  # the store's RL is its own (rl_memory)
+            _U, _, mean_unit = unit_geometry(sh, c.unit)
+            c.rl = rl_grouped(sh.n, max(1, round(mean_unit * c.window_steps)), local_shuffle=True)
+        assert c.rl is not None
         if c.rl + 1e-12 >= base.rl_floor:
             best = c
             break
@@ -595,7 +704,7 @@ def choose(
     if best is None:
         # nothing reaches the floor (a tiny dataset or cap): the best shuffle that fits
         fits = [c for c in cands if not c.rejected.startswith("memory cap")]
-        fits = [c for c in fits if c.window_steps]
+        fits = [c for c in fits if c.window_steps or c.unit == "store"]
         if not fits:
             raise ConfigError(
                 next((c.rejected for c in cands if c.rejected), "no candidate plan")
@@ -609,4 +718,4 @@ def choose(
                 )
         best = max(fits, key=lambda c: (round(c.rl or 0.0, 6), -c.cost))
     strategy = base.replace(auto=False, **best.knobs)
-    return Choice(strategy, best, cands, prof, sh)
+    return Choice(strategy, best, cands, prof, sh, store_off)

@@ -272,9 +272,90 @@ def seek_bytes_total(plan, payload_total: float) -> int:
     return int(walk_all) * R
 
 
+def store_load(plan, rank: int) -> tuple[np.ndarray, int]:
+    """The DeepIO store's reads of *rank* in *plan*'s epoch (``sources/store.py``): its
+    share of every round — the k-th of P equal runs of the round's sorted ids — merged
+    across holes of at most the store's gap. Returns (lengths of the merged extents,
+    payload bytes). R = 1 is one round of every id (loaded in the first epoch only)."""
+    from .layout import floor_start
+    from .store_cost import STORE_GAP
+
+    P, n = plan.world.size, plan.n
+    gap = int(plan.strategy.coalesce_gap) or STORE_GAP
+    stream = plan._stream
+    if plan.strategy.memory_fraction < 1.0 and hasattr(stream, "round_bounds"):
+        r = np.arange(stream.rounds, dtype=np.int64)
+        lo, hi = stream.round_bounds(r)
+        rounds = [
+            np.sort(plan.ids_at(np.arange(a, b)))
+            for a, b in zip(lo.tolist(), hi.tolist(), strict=True)
+        ]
+    else:
+        rounds = [np.arange(n, dtype=np.int64)]
+    lengths, payload = [], 0
+    for ids in rounds:
+        mine = ids[floor_start(len(ids), P, rank) : floor_start(len(ids), P, rank + 1)]
+        if len(mine) == 0:
+            continue
+        fid, off, ln = (np.asarray(a, dtype=np.int64) for a in plan.records.extents(mine))
+        o = np.lexsort((off, fid))
+        first, end, _ = merge_extents(fid[o], off[o], ln[o], gap)
+        lengths.append(end - off[o][first])
+        payload += int(ln.sum())
+    z = np.zeros(0, dtype=np.int64)
+    return (np.concatenate(lengths) if lengths else z), payload
+
+
+def _store_stats(plan, name: str, units: int) -> dict[str, Any]:
+    """:func:`plan_stats` of a DeepIO store plan: every rank loads its shares (its first
+    epoch; with R = 1 the later ones read nothing)."""
+    P = plan.world.size
+    rows = []
+    for k in _sample_units(P, units):
+        ln, payload = store_load(plan, k)
+        rows.append(
+            (
+                int(ln.sum()),
+                len(ln),
+                int(ln.max()) if len(ln) else 0,
+                int(ln.min()) if len(ln) else 0,
+                payload,
+            )
+        )
+    a = np.array(rows, dtype=np.float64)
+    return {
+        "preset": name,
+        "ranks": P,
+        "nodes": plan.world.nodes,
+        "batch": plan.batch_size,
+        "samples": plan.n,
+        "steps": plan.num_steps,
+        "readers": P,
+        "concurrent_readers": P,
+        "sampled_readers": len(rows),
+        "steps_per_read": plan.num_steps,
+        "bytes_per_reader": float(a[:, 0].mean()),
+        "ops_per_reader": float(a[:, 1].mean()),
+        "largest_read": int(a[:, 2].max()),
+        "smallest_read": int(a[:, 3][a[:, 1] > 0].min()) if (a[:, 1] > 0).any() else 0,
+        "seek_bytes_total": 0,
+        "redundant_bytes_per_reader": float((a[:, 0] - a[:, 4]).mean()),
+        "redundant_bytes_total": float((a[:, 0] - a[:, 4]).mean() * P),
+        "payload_bytes_total": float(a[:, 4].mean() * P),
+        "memory_cap": plan.memory_cap,
+        "rl": randomization_level(plan),
+        "strategy": plan.strategy.to_dict(),
+        "store_load": True,
+    }
+
+
 def plan_stats(plan, name: str = "", *, units: int = 4) -> dict[str, Any]:
-    """Per-reader I/O figures of *plan* (sampled units; see the module docstring)."""
+    """Per-reader I/O figures of *plan* (sampled units; see the module docstring). A
+    DeepIO store plan (``store`` ordered or opportunistic) gives its loads instead
+    (:func:`store_load`)."""
     s = plan.strategy
+    if s.store in ("ordered", "opportunistic") and s.assignment == "memory":
+        return _store_stats(plan, name, units)
     P, M = plan.world.size, plan.world.nodes
     n_units = M if s.aggregated else P
     readers = plan.readers

@@ -9,11 +9,17 @@ loads its share of a round from storage in a few long reads, and builds its sub-
 by copies from its own memory and its node's, and by batched one-sided gets (one per
 remote rank and step) from other nodes. With R = 1 only the first epoch reads storage.
 
-Terms (seconds per epoch, the keys of ``Estimate.terms``): ``latency`` and ``transfer``
-of the loads (zero from the second epoch when R = 1), ``first_window`` (the first round's
-load, exposed before the first batch), ``serve`` (memory copies and remote gets), and
-``coordination`` (two collectives per round). Pure: no I/O, no MPI. The lead's
-:func:`~feedline.plan.cost.choose` decides whether to consider it.
+Terms (seconds per epoch, the keys of ``Estimate.terms``): ``first_window`` (the first
+round's load, exposed before the first batch: with R = 1 the whole load), ``latency`` and
+``transfer`` of the other rounds' loads (overlapped with serving the rounds before them;
+zero when R = 1), ``serve`` (memory copies and remote gets), and ``coordination`` (two
+collectives per round); with R = 1 the epochs after the first read nothing. Each load is
+counted once. Pure: no I/O, no MPI.
+
+:func:`store_candidate` is what :func:`~feedline.plan.cost.choose` compares with the
+``window`` candidates (``store="auto"``): the store's mean cost per epoch over the first
+:data:`EPOCH_HORIZON` epochs (it pays its load in the first; with R = 1 the later ones
+only serve from memory), while a ``window`` candidate costs the same every epoch.
 """
 
 from __future__ import annotations
@@ -21,11 +27,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..units import format_bytes
 from .cost import ENGINE_CHUNK, READER_DEPTH, Estimate, Shape, StorageProfile
 from .rl import rl_memory
 
 #: samples per unit of the memory assignment (assign_memory.DEFAULT_UNIT)
 _UNIT = 64
+#: holes a store's load reads through when the strategy's ``coalesce_gap`` is 0: two
+#: pages, so LMDB's page headers, the tails of overflow pages and the leaf pages between
+#: them do not cut a share into one read per record
+STORE_GAP = 8192
+#: epochs over which the store's first-epoch load is weighed against what it saves
+#: later: it must pay for itself within this many epochs to be chosen
+EPOCH_HORIZON = 3
+#: memory fractions the chooser tries, largest first (R = 0.5 holds 2R = everything,
+#: like R = 1, so it is never the one that fits when R = 1 does not)
+FRACTIONS = (1.0, 0.25)
 
 
 @dataclass(frozen=True)
@@ -47,9 +64,15 @@ FABRIC = Fabric()
 
 
 def store_memory_per_node(sh: Shape, memory_fraction: float) -> float:
-    """Bytes of store per node: R of the payload (2R when R < 1), over the nodes."""
-    held = 1.0 if memory_fraction >= 1.0 else min(1.0, 2.0 * memory_fraction)
-    return sh.n * sh.mean_len * held / max(sh.nodes, 1)
+    """Bytes of store per node: R of the dataset (2R when R < 1: a round of whole
+    units, + 2%), over the nodes, with the holes its loads read through (``sh.span``:
+    LMDB's page headers and tails)."""
+    if memory_fraction >= 1.0:
+        held = 1.0
+    else:  # two slots of whole units, each grown 2% for holes (sources/store_plan.py)
+        units = max(1, math.ceil(sh.n / _UNIT))
+        held = 2.0 * max(1, round(memory_fraction * units)) / units * 1.02
+    return sh.n * sh.mean_len * sh.span * held / max(sh.nodes, 1)
 
 
 def store_estimate(
@@ -73,8 +96,8 @@ def store_estimate(
     est.window_bytes = int(est.memory_per_node * M / P)
     if est.memory_per_node > sh.cap:
         est.rejected = (
-            f"the store needs {est.memory_per_node:.0f} bytes per node at R={R:g}, over the "
-            f"memory cap of {sh.cap}"
+            f"memory cap: the store needs {format_bytes(est.memory_per_node)} per node at "
+            f"R={R:g}, over the {format_bytes(sh.cap)} left of the cap for reading"
         )
         return est
     units = max(1, math.ceil(sh.n / _UNIT))
@@ -97,7 +120,10 @@ def store_estimate(
     t_lat = reqs * lat / (READER_DEPTH * P) if loads else 0.0
     t_bw = disk / P / per_rank_bw if loads else 0.0
     t_agg = disk * f / profile.aggregate_bw if loads and profile.aggregate_bw else 0.0
+    # the first round's load is exposed (nothing is served before it is in); the
+    # others overlap the rounds served before them: each load is counted once
     first = (t_lat + max(t_bw, t_agg)) / rounds if loads else 0.0
+    t_lat, t_bw, t_agg = (x * (rounds - 1) / rounds for x in (t_lat, t_bw, t_agg))
     # serving: of a rank's sub-batch, 1/P is its own memory, (ranks_on_node - 1)/P its
     # node's, the rest on other nodes (ordered); opportunistic serves its own memory
     steps = max(sh.steps, 1)
@@ -122,11 +148,43 @@ def store_estimate(
         "assignment": "memory",
         "store": mode,
         "memory_fraction": R,
+        "region": "rank",
         "readers_per_node": 0,
-        "remote_gets": gets,
-        "remote_bytes": remote,
+        "chunk": 0,
+        "chunk_bytes": 0,
+        "window_bytes": 0,
+        "window_steps": 0,
+        "coalesce_bytes": 0,
+        "coalesce_gap": 0,
     }
+    est.figures = {"remote_gets": gets, "remote_bytes": remote}
     est.rl = rl_memory(
         sh.n, R, unit=min(_UNIT, max(sh.n, 1)), ranks=P if mode == "opportunistic" else 1
     )
+    return est
+
+
+def store_candidate(
+    sh: Shape,
+    profile: StorageProfile,
+    memory_fraction: float = 1.0,
+    *,
+    mode: str = "ordered",
+    horizon: int = EPOCH_HORIZON,
+    fabric: Fabric = FABRIC,
+) -> Estimate:
+    """The store as a candidate of :func:`~feedline.plan.cost.choose`: each term the
+    mean over the first *horizon* epochs (the first loads; with R = 1 the later ones
+    read nothing), so that ``cost`` compares with a ``window`` candidate's cost per
+    epoch. ``requests`` and ``bytes`` are the first epoch's (the load); ``figures``
+    keeps the first and the later epochs' costs (``first_epoch_s``,
+    ``later_epoch_s``) and the remote gets and bytes per epoch."""
+    est = store_estimate(sh, profile, memory_fraction, mode=mode, epoch=0, fabric=fabric)
+    if est.rejected:
+        return est
+    later = store_estimate(sh, profile, memory_fraction, mode=mode, epoch=1, fabric=fabric)
+    H = max(1, int(horizon))
+    est.figures.update(first_epoch_s=est.cost, later_epoch_s=later.cost, horizon=H)
+    est.terms = {k: (v + (H - 1) * later.terms[k]) / H for k, v in est.terms.items()}
+    # requests and bytes stay the first epoch's: the load, the store's busiest epoch
     return est

@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -56,18 +55,18 @@ from .. import defaults
 from ..dist import ops as mpi
 from ..errors import ConfigError, CorruptDataError, FeedlineError, StorageError
 from ..pipeline.reader import ExtentReader, coalesce
-from ..plan.extents import merge_extents
-from ..plan.layout import floor_start
 from .base import RawBatch, Source, SourceContext, SourceStopped, register_source
+from .store_plan import (  # noqa: F401 - re-exported: the store's layout lives there
+    STORE_GAP,
+    _Rounds,
+    _share,
+    gap_of,
+    share_bytes,
+    slot_bytes,
+    store_bytes,
+)
 
 CLOSE_GRACE_S = 5.0
-#: holes a load reads through when the strategy's ``coalesce_gap`` is 0: two pages, so
-#: LMDB's page headers, the tails of overflow pages and the leaf pages between them do
-#: not cut a share into one read per record
-STORE_GAP = 8192
-#: a share of a round (R < 1) is read through its holes if it fits its slot sized
-#: this much over the dataset's own proportion of holes; else record by record (gap 0)
-_HOLE_MARGIN = 1.02
 STALL_S = 10.0  # close() says it is waiting for the others after this long
 _log = logging.getLogger("feedline.store")
 
@@ -122,66 +121,6 @@ class StoreOutOfStepError(FeedlineError):
     rank's extra ``iter()``): every rank must run the same passes."""
 
 
-class _Rounds:
-    """The rounds of one plan, in positions of the epoch order, and what each step needs."""
-
-    def __init__(self, plan) -> None:
-        stream = plan._stream
-        self.total = plan.total
-        if hasattr(stream, "round_bounds") and plan._layout == "row" and stream.rounds > 1:
-            r = np.arange(stream.rounds, dtype=np.int64)
-            lo, hi = stream.round_bounds(r)
-            self.lo = np.asarray(lo, dtype=np.int64)
-            self.hi = np.asarray(hi, dtype=np.int64)
-        else:  # one round: the whole epoch (R = 1, or an order without rounds)
-            self.lo = np.array([0], dtype=np.int64)
-            self.hi = np.array([max(plan.n, 1)], dtype=np.int64)
-        self.count = len(self.lo)
-        self.whole = self.count == 1
-        B = plan.batch_size
-        steps = np.arange(plan.num_steps, dtype=np.int64)
-        first = steps * B
-        last = np.minimum(first + B, plan.total) - 1
-        last = np.maximum(last, first)
-        if plan.total > plan.n:  # circular: the last step wraps to the start of the order
-            if not self.whole:
-                raise ConfigError(
-                    "the DeepIO store cannot wrap the last step to the first round "
-                    "(circular=True) when memory_fraction < 1: its slot holds another "
-                    "round by then; use memory_fraction=1, drop_last=True or circular=False"
-                )
-            first, last = np.minimum(first, plan.n - 1), np.minimum(last, plan.n - 1)
-        self.step_min = np.searchsorted(self.hi, first, side="right")
-        self.step_max = np.searchsorted(self.hi, last, side="right")
-        span = int((self.step_max - self.step_min).max()) + 1 if len(steps) else 1
-        self.last = int(self.step_max.max()) if len(steps) else -1  # last round needed
-        self.slots = 1 if self.whole else max(2, span)
-        self._cache: dict[int, np.ndarray] = {}
-        self._plan = plan
-
-    def ids(self, r: int) -> np.ndarray:
-        """The round's sample ids, sorted (its positions are ``[lo, hi)``): the units
-        (groups of g contiguous samples) of its slots, so one permutation per unit, not
-        per sample."""
-        if self.whole:
-            return np.arange(self._plan.n, dtype=np.int64)
-        cached = self._cache.get(r)
-        if cached is not None:
-            return cached
-        stream = self._plan._stream
-        slots = stream.slots
-        lo = r * stream.per_round
-        hi = min(lo + stream.per_round, slots.groups)
-        groups = np.sort(slots.group_at(np.arange(lo, hi, dtype=np.int64)))
-        sizes = slots.size_of_group(groups).astype(np.int64)
-        starts = groups * stream.g
-        ends = np.cumsum(sizes)
-        ids = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
-        ids += np.repeat(starts - (ends - sizes), sizes)
-        self._cache = {r: ids}  # the last round asked for (begin, then complete)
-        return ids
-
-
 def _code_of(e: BaseException) -> int:
     if isinstance(e, StorageError):
         return _STORAGE
@@ -200,33 +139,6 @@ class _RoundLoad:
     code: int = _OK  # this rank's outcome, told to the others at C2
     error: BaseException | None = None  # this rank's error, raised after C2
     future: Any = None  # the share's read in flight
-
-
-def _share(ids: np.ndarray, P: int, k: int) -> np.ndarray:
-    """Rank *k*'s share of a round's sorted ids: P runs of equal-as-possible count."""
-    n = len(ids)
-    return ids[floor_start(n, P, k) : floor_start(n, P, k + 1)]
-
-
-def share_bytes(
-    fid: np.ndarray, off: np.ndarray, ln: np.ndarray, ids: np.ndarray, P: int, gap: int
-) -> np.ndarray:
-    """Bytes each of the P shares of the sorted *ids* reads when its records are merged
-    across holes of at most *gap* bytes (holes included): one vectorised
-    :func:`~feedline.plan.extents.merge_extents` over all shares, never merging two."""
-    n = len(ids)
-    out = np.zeros(P, dtype=np.int64)
-    if n == 0:
-        return out
-    share = np.repeat(np.arange(P, dtype=np.int64), np.diff(floor_start(n, P, np.arange(P + 1))))
-    f, o, L = fid[ids], off[ids], ln[ids]
-    order = np.lexsort((o, f, share))
-    f, o, L, share = f[order], o[order], L[order], share[order]
-    cut = np.ones(n, dtype=bool)
-    cut[1:] = share[1:] != share[:-1]
-    first, end, _ = merge_extents(f, o, L, gap, cut=cut)
-    np.add.at(out, share[first], end - o[first])
-    return out
 
 
 class StoreSource(Source):
@@ -255,7 +167,6 @@ class StoreSource(Source):
         n = len(self._len)
         self._owner = np.zeros(n, dtype=np.int32)
         self._disp = np.zeros(n, dtype=np.int64)
-        self._sorted_len: np.ndarray | None = None
         self._reader: ExtentReader | None = None
         self._rma: Any = None
         self._slot_bytes = 0
@@ -297,35 +208,17 @@ class StoreSource(Source):
 
     # ---------------------------------------------------------------- sizing
     def _sizing(self, plan) -> tuple[_Rounds, int, int]:
-        """The plan's rounds, the bytes of a slot (one rank's share of a round, holes read
-        through included) and the slots: the same on every rank (from the plan only)."""
+        """The plan's rounds, the bytes of a slot and the slots (:func:`slot_bytes`)."""
         rounds = _Rounds(plan)
-        gap = self._gap_of(plan)
-        if rounds.whole:  # one round: every share's exact bytes
-            key: tuple = ("whole", plan.n, self._P, gap)
-            if key not in self._sized:
-                ids = np.arange(plan.n, dtype=np.int64)
-                sizes = share_bytes(self._fid, self._off, self._len, ids, self._P, gap)
-                self._sized[key] = int(sizes.max()) if len(sizes) else 0
-            return rounds, self._sized[key], rounds.slots
-        per = -(-int((rounds.hi - rounds.lo).max()) // self._P)
-        if self._sorted_len is None:
-            self._sorted_len = np.sort(self._len)[::-1]
-        # a share holds at most `per` records: the largest `per` lengths bound its bytes
-        # read record by record; read through its holes it may take as much more as the
-        # dataset's holes in proportion (a share that would not fit reads with gap 0)
-        slot = int(self._sorted_len[:per].sum()) if per else 0
-        hkey: tuple = ("holes", gap)
-        if hkey not in self._sized:
-            ids = np.arange(len(self._len), dtype=np.int64)
-            whole = int(share_bytes(self._fid, self._off, self._len, ids, 1, gap)[0])
-            self._sized[hkey] = whole / max(int(self._len.sum()), 1)
-        slot = max(slot, math.ceil(slot * self._sized[hkey] * _HOLE_MARGIN))
-        return rounds, slot, rounds.slots
+        return (
+            rounds,
+            slot_bytes(self._fid, self._off, self._len, plan, self._P, rounds, self._sized),
+            rounds.slots,
+        )
 
     @staticmethod
     def _gap_of(plan) -> int:
-        return int(plan.strategy.coalesce_gap) or STORE_GAP
+        return gap_of(plan)
 
     def _extents(self, part: np.ndarray, mine: bool = False) -> Any:
         """A rank's *part* of a round as merged reads (through holes of at most the gap,

@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The DeepIO store's layout, from the plan alone (every rank computes the same, without
+communicating): the rounds and what each step needs, each rank's share of a round, the
+reads of a share (through small holes) and the bytes of a slot (docs/loader.md, "The
+DeepIO store"); and whether the store can be the ``feedline`` preset's choice here."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..plan.extents import merge_extents
+from ..plan.layout import floor_start
+from ..plan.store_cost import STORE_GAP
+
+#: a share of a round (R < 1) is read through its holes if it fits its slot sized
+#: this much over the dataset's own proportion of holes; else record by record (gap 0)
+_HOLE_MARGIN = 1.02
+
+
+class _Rounds:
+    """The rounds of one plan, in positions of the epoch order, and what each step needs."""
+
+    def __init__(self, plan) -> None:
+        stream = plan._stream
+        self.total = plan.total
+        if hasattr(stream, "round_bounds") and plan._layout == "row" and stream.rounds > 1:
+            r = np.arange(stream.rounds, dtype=np.int64)
+            lo, hi = stream.round_bounds(r)
+            self.lo = np.asarray(lo, dtype=np.int64)
+            self.hi = np.asarray(hi, dtype=np.int64)
+        else:  # one round: the whole epoch (R = 1, or an order without rounds)
+            self.lo = np.array([0], dtype=np.int64)
+            self.hi = np.array([max(plan.n, 1)], dtype=np.int64)
+        self.count = len(self.lo)
+        self.whole = self.count == 1
+        B = plan.batch_size
+        steps = np.arange(plan.num_steps, dtype=np.int64)
+        first = steps * B
+        last = np.minimum(first + B, plan.total) - 1
+        last = np.maximum(last, first)
+        if plan.total > plan.n:  # circular: the last step wraps to the start of the order
+            if not self.whole:
+                raise ConfigError(
+                    "the DeepIO store cannot wrap the last step to the first round "
+                    "(circular=True) when memory_fraction < 1: its slot holds another "
+                    "round by then; use memory_fraction=1, drop_last=True or circular=False"
+                )
+            first, last = np.minimum(first, plan.n - 1), np.minimum(last, plan.n - 1)
+        self.step_min = np.searchsorted(self.hi, first, side="right")
+        self.step_max = np.searchsorted(self.hi, last, side="right")
+        span = int((self.step_max - self.step_min).max()) + 1 if len(steps) else 1
+        self.last = int(self.step_max.max()) if len(steps) else -1  # last round needed
+        self.slots = 1 if self.whole else max(2, span)
+        self._cache: dict[int, np.ndarray] = {}
+        self._plan = plan
+
+    def ids(self, r: int) -> np.ndarray:
+        """The round's sample ids, sorted (its positions are ``[lo, hi)``): the units
+        (groups of g contiguous samples) of its slots, so one permutation per unit, not
+        per sample."""
+        if self.whole:
+            return np.arange(self._plan.n, dtype=np.int64)
+        cached = self._cache.get(r)
+        if cached is not None:
+            return cached
+        stream = self._plan._stream
+        slots = stream.slots
+        lo = r * stream.per_round
+        hi = min(lo + stream.per_round, slots.groups)
+        groups = np.sort(slots.group_at(np.arange(lo, hi, dtype=np.int64)))
+        sizes = slots.size_of_group(groups).astype(np.int64)
+        starts = groups * stream.g
+        ends = np.cumsum(sizes)
+        ids = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+        ids += np.repeat(starts - (ends - sizes), sizes)
+        self._cache = {r: ids}  # the last round asked for (begin, then complete)
+        return ids
+
+
+def _share(ids: np.ndarray, P: int, k: int) -> np.ndarray:
+    """Rank *k*'s share of a round's sorted ids: P runs of equal-as-possible count."""
+    n = len(ids)
+    return ids[floor_start(n, P, k) : floor_start(n, P, k + 1)]
+
+
+def share_bytes(
+    fid: np.ndarray, off: np.ndarray, ln: np.ndarray, ids: np.ndarray, P: int, gap: int
+) -> np.ndarray:
+    """Bytes each of the P shares of the sorted *ids* reads when its records are merged
+    across holes of at most *gap* bytes (holes included): one vectorised
+    :func:`~feedline.plan.extents.merge_extents` over all shares, never merging two."""
+    n = len(ids)
+    out = np.zeros(P, dtype=np.int64)
+    if n == 0:
+        return out
+    share = np.repeat(np.arange(P, dtype=np.int64), np.diff(floor_start(n, P, np.arange(P + 1))))
+    f, o, L = fid[ids], off[ids], ln[ids]
+    order = np.lexsort((o, f, share))
+    f, o, L, share = f[order], o[order], L[order], share[order]
+    cut = np.ones(n, dtype=bool)
+    cut[1:] = share[1:] != share[:-1]
+    first, end, _ = merge_extents(f, o, L, gap, cut=cut)
+    np.add.at(out, share[first], end - o[first])
+    return out
+
+
+def gap_of(plan) -> int:
+    """The holes a load of *plan* reads through: ``coalesce_gap``, or :data:`STORE_GAP`."""
+    return int(plan.strategy.coalesce_gap) or STORE_GAP
+
+
+def slot_bytes(fid, off, ln, plan, P: int, rounds: _Rounds | None = None, cache=None) -> int:
+    """Bytes of one slot of the store for *plan* on *P* ranks: a rank's share of a round,
+    the holes its load reads through included. The same on every rank (from the plan and
+    the index only). With one round (R = 1), every share's exact bytes; with several,
+    the largest ``per`` lengths (a share read record by record), grown by the dataset's
+    proportion of holes + 2% (a share that would not fit that is read record by record).
+    *cache* (a dict) keeps what does not change between epochs."""
+    rounds = rounds if rounds is not None else _Rounds(plan)
+    cache = {} if cache is None else cache
+    gap = gap_of(plan)
+    if rounds.whole:
+        key: tuple = ("whole", plan.n, P, gap)
+        if key not in cache:
+            sizes = share_bytes(fid, off, ln, np.arange(plan.n, dtype=np.int64), P, gap)
+            cache[key] = int(sizes.max()) if len(sizes) else 0
+        return int(cache[key])
+    per = -(-int((rounds.hi - rounds.lo).max()) // P)
+    if ("sorted",) not in cache:
+        cache[("sorted",)] = np.sort(ln)[::-1]
+    slot = int(cache[("sorted",)][:per].sum()) if per else 0
+    hkey: tuple = ("holes", gap)
+    if hkey not in cache:
+        whole = int(share_bytes(fid, off, ln, np.arange(len(ln), dtype=np.int64), 1, gap)[0])
+        cache[hkey] = whole / max(int(ln.sum()), 1)
+    return max(slot, math.ceil(slot * cache[hkey] * _HOLE_MARGIN))
+
+
+def store_bytes(index, plan, P: int) -> int:
+    """Bytes a rank of the store holds for *plan* on *P* ranks (its slots)."""
+    fid, off, ln = (
+        np.asarray(a, dtype=np.int64) for a in (index.file_ids, index.offsets, index.lengths)
+    )
+    rounds = _Rounds(plan)
+    return slot_bytes(fid, off, ln, plan, P, rounds) * rounds.slots
+
+
+# ------------------------------------------------- the store as the feedline preset's choice
+
+
+def store_unavailable(world, explicit_source: str | None, window_knobs: dict[str, Any]) -> str:
+    """Why the DeepIO store cannot be the ``feedline`` preset's choice for a Loader of
+    *world* ("": it can): another source asked for, window knobs given, no MPI world for
+    a job of several ranks, or an MPI without ``MPI_THREAD_MULTIPLE``."""
+    if explicit_source not in (None, "store"):
+        return f"source={explicit_source!r} asked for"
+    if window_knobs:
+        return f"window knobs given ({', '.join(sorted(window_knobs))})"
+    if world.size > 1:
+        if world.dist is None:
+            return "it needs an MPI world (this job has none)"
+        from ..dist import ops as mpi
+
+        try:
+            mpi.require_thread_multiple("the DeepIO store")
+        except ConfigError:
+            return "MPI runs without MPI_THREAD_MULTIPLE"
+    return ""
+
+
+def store_overflow(index, strategy, choose_args: tuple, seed: int) -> str:
+    """When the cost model chose the store (*strategy*; *choose_args* are ``choose``'s
+    records, world, batch size, cap per node): "" when its exact slots (holes and the
+    largest shares included) fit the cap, else why not (the model assumes equal
+    shares)."""
+    if strategy.store not in ("ordered", "opportunistic"):
+        return ""
+    from ..plan.plan import make_plan
+    from ..units import format_bytes
+
+    records, world, batch, cap = choose_args[:4]
+    plan = make_plan(records, world, strategy, seed, 0, batch, memory_cap=cap)
+    need = -(-world.size // world.nodes) * store_bytes(index, plan, world.size)
+    if need <= cap:
+        return ""
+    return (
+        f"memory cap: the store's slots need {format_bytes(need)} per node, over the "
+        f"{format_bytes(cap)} left of the cap for reading"
+    )
