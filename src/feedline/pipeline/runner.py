@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -95,6 +96,7 @@ class EpochRun:
         self.exposed_s = 0.0
         self.delivered = 0
         self._closed = False
+        self._pid = os.getpid()  # a forked child's copy must not touch the parent's threads
         self._stalled = False  # the consumer gave up waiting (timeout_s)
         #: True when close() left a producer thread stuck in a read (the source is unusable)
         self.abandoned = False
@@ -252,11 +254,17 @@ class EpochRun:
         """Stop reading, wake and join all threads; idempotent, callable from any thread.
 
         After the last step was delivered the source is *finished* (it may go on
-        reading what it anticipates of the next epoch); before, it is stopped.
+        reading what it anticipates of the next epoch); before, it is stopped. In a child
+        forked while the pass ran it only marks the pass closed.
         """
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:
+            # a child forked while this pass ran (its __del__ or the exit hooks): the
+            # threads, the pool's workers and the source's reads exist in the parent
+            # only; waiting for them (the pool's futures) hung the child's exit
+            return
         natural = self.next_step >= self.last
         self._stop.set()
         if not natural:
