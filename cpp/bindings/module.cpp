@@ -76,4 +76,5 @@ NB_MODULE(_core, m) {
   feedline::py::register_codecs(m);
   feedline::py::register_unpack(m);
   feedline::py::register_io(m);
+  feedline::py::register_sync(m);
 }
