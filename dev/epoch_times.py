@@ -2,9 +2,10 @@
 """Seconds per epoch of Loader presets under mpiexec, page cache emptied before every
 epoch (docs/loader.md, "The DeepIO store").
 
-    mpiexec -n 4 python dev/epoch_times.py DATASET PRESET[:SOURCE][@R],... [EPOCHS [MS]]
+    mpiexec -n 4 python dev/epoch_times.py DATASET PRESET[:SOURCE][@R],... [EPOCHS [MS]] [--warm]
 
-(R: DeepIO's memory_fraction; MS: a sleep per step standing in for compute.)
+(R: DeepIO's memory_fraction; MS: a sleep per step standing in for compute; --warm: the
+page cache is emptied before the first epoch only, so later epochs may read from it.)
 """
 
 from __future__ import annotations
@@ -18,19 +19,22 @@ from mpi4py import MPI
 from feedline import Loader, open_dataset
 
 comm = MPI.COMM_WORLD
-path, presets = sys.argv[1], sys.argv[2].split(",")
-epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-compute_s = float(sys.argv[4]) / 1e3 if len(sys.argv) > 4 else 0.0
+warm = "--warm" in sys.argv
+argv = [a for a in sys.argv if a != "--warm"]
+path, presets = argv[1], argv[2].split(",")
+epochs = int(argv[3]) if len(argv) > 3 else 3
+compute_s = float(argv[4]) / 1e3 if len(argv) > 4 else 0.0
 ds = open_dataset(path, comm=comm)
 
 
 def evict() -> None:
-    """Drop the dataset from the page cache (pages nobody has mapped)."""
-    if comm.Get_rank() == 0:
-        for f in ds.files:
-            fd = os.open(f, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+    """Drop the dataset from the page cache (pages nobody has mapped): every rank its own
+    files, so that through the storage emulator every node view is emptied."""
+    comm.Barrier()
+    for f in ds.files:
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
     comm.Barrier()
 
 
@@ -42,8 +46,9 @@ for spec in presets:
         kw["memory_fraction"] = float(frac)
     with Loader(ds, 1024, preset=preset, decode=False, **kw) as ld:
         times = []
-        for _ in range(epochs):
-            evict()
+        for e in range(epochs):
+            if e == 0 or not warm:
+                evict()
             t = time.perf_counter()
             for _b in ld:
                 if compute_s:
@@ -54,6 +59,7 @@ for spec in presets:
     if comm.Get_rank() == 0:
         print(
             f"{spec:28s} seconds per epoch: " + " ".join(f"{x:.2f}" for x in times),
-            f"| rank 0 read {st['storage_bytes'] / 1e6:.0f} MB, waited {st['exposed_io_s']:.2f} s",
+            f"| rank 0 read {st['storage_bytes'] / 1e6:.0f} MB, waited {st['exposed_io_s']:.2f} s"
+            + (f" | plan: {st['plan']} (store {st['plan_store']})" if "plan" in st else ""),
             flush=True,
         )

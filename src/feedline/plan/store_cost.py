@@ -10,7 +10,8 @@ by copies from its own memory and its node's, and by batched one-sided gets (one
 remote rank and step) from other nodes. With R = 1 only the first epoch reads storage.
 
 Terms (seconds per epoch, the keys of ``Estimate.terms``): ``first_window`` (the first
-round's load, exposed before the first batch: with R = 1 the whole load), ``latency`` and
+round's load, exposed before the first batch: with R = 1 the whole load; in the first
+epoch also the first touch of the store's memory), ``latency`` and
 ``transfer`` of the other rounds' loads (overlapped with serving the rounds before them;
 zero when R = 1), ``serve`` (memory copies and remote gets), and ``coordination`` (two
 collectives per round); with R = 1 the epochs after the first read nothing. Each load is
@@ -28,7 +29,15 @@ import math
 from dataclasses import dataclass
 
 from ..units import format_bytes
-from .cost import ENGINE_CHUNK, READER_DEPTH, Estimate, Shape, StorageProfile
+from .cost import (
+    ENGINE_CHUNK,
+    READER_DEPTH,
+    Estimate,
+    Shape,
+    StorageProfile,
+    contention_factor,
+    server_busy_s,
+)
 from .rl import rl_memory
 
 #: samples per unit of the memory assignment (assign_memory.DEFAULT_UNIT)
@@ -58,6 +67,10 @@ class Fabric:
     node_bw: float = 5e9
     copy_bw: float = 4e9  # memcpy from this rank's or its node's memory, per rank
     collective_s: float = 1e-4  # one small allgather of the store's, per log2(P)
+    #: first touch of the store's fresh memory (page faults and zeroing of the window),
+    #: per rank, paid once by the Loader's first epoch: 0.35-3 GB/s here
+    #: (``Win.Allocate`` of 52 MB per rank, 4 ranks on 2 busy cores)
+    touch_bw: float = 1e9
 
 
 FABRIC = Fabric()
@@ -111,7 +124,7 @@ def store_estimate(
     reqs = (units if R < 1.0 else P) + disk / ENGINE_CHUNK if loads else 0.0
     ranks_on_node = -(-P // M)
     streams = P * READER_DEPTH
-    f = max(1.0, streams / profile.server_streams) if profile.server_streams else 1.0
+    f = contention_factor(profile, streams)
     per_rank_bw = min(
         profile.stream_bw * min(READER_DEPTH, max(profile.streams_per_node, 1)),
         profile.node_bw / ranks_on_node,
@@ -120,9 +133,12 @@ def store_estimate(
     t_lat = reqs * lat / (READER_DEPTH * P) if loads else 0.0
     t_bw = disk / P / per_rank_bw if loads else 0.0
     t_agg = disk * f / profile.aggregate_bw if loads and profile.aggregate_bw else 0.0
+    t_agg = max(t_agg, server_busy_s(profile, reqs, disk) if loads else 0.0)
     # the first round's load is exposed (nothing is served before it is in); the
     # others overlap the rounds served before them: each load is counted once
     first = (t_lat + max(t_bw, t_agg)) / rounds if loads else 0.0
+    if epoch == 0:  # the window's memory is touched once, by the first loads
+        first += est.memory_per_node * M / P / fabric.touch_bw
     t_lat, t_bw, t_agg = (x * (rounds - 1) / rounds for x in (t_lat, t_bw, t_agg))
     # serving: of a rank's sub-batch, 1/P is its own memory, (ranks_on_node - 1)/P its
     # node's, the rest on other nodes (ordered); opportunistic serves its own memory
