@@ -35,7 +35,7 @@ ROWS = {
     "lmm-dio-prov": "+ knows where each record is: no walking",
     "lmm-dio-prov-coal": "+ reads many future steps in one large read",
     "lmm-dio-prov-coal-stag": "+ nodes take turns reading",
-    "feedline": "feedline: large random tiles, shuffled in memory",
+    "feedline": "feedline: shuffled tiles, or the in-memory store",
     "skip": "rank r reads records r, r+P, ... (MPI-Caffe)",
     "contiguous": "each rank reads its own region (MPI-Caffe fix)",
     "tf": "one read per sample, shuffled, no read-ahead",
