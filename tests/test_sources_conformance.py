@@ -85,17 +85,11 @@ _load()
 NAMES = sorted(SOURCES)
 
 
-#: the node source's known intermittent failure (docs/reliability.md, "Limits"): a rank
-#: that leaves a pass early and starts the next one sometimes meets NodeOutOfStepError;
-#: check_source does exactly that (the mid-epoch state, then a new Loader), and the rank
-#: that raised moves to the next case while its peer waits: full tier until fixed
-NODE_INTERMITTENT = "node source: NodeOutOfStepError after a pass left early (intermittent)"
-
-
-def case(source, preset, data, *, ranks=1, mpi=0, xfail=None, full=None, **options):
+def case(source, preset, data, *, ranks=1, mpi=0, xfail=None, alone=False, **options):
     """One configuration of a source: preset, dataset ("rec": 150 fixed 24-byte records
     over 3 files; "db": an LMDB of 120 records of 1..6000 bytes), ranks simulated in one
-    process, or mpi ranks under mpiexec."""
+    process, or mpi ranks under mpiexec (*alone*: in a launch of its own, so that a case
+    that fails on one rank cannot leave its peer waiting in the next case)."""
     ident = f"{source}/{preset}/{data}" + (f"/r{ranks}" if ranks > 1 else "")
     ident += f"/mpi{mpi}" if mpi else ""
     ident += "".join(f"/{k}={v}" for k, v in options.items())
@@ -108,7 +102,7 @@ def case(source, preset, data, *, ranks=1, mpi=0, xfail=None, full=None, **optio
         "mpi": mpi,
         "options": options,
         "xfail": xfail,
-        "full": full,
+        "alone": alone,
     }
 
 
@@ -144,11 +138,14 @@ CONTRACT = {
         case("lmdbio", "lmm-dio", "db", mpi=2),
         case("lmdbio", "lmm-dio-prov-coal-stag", "db", mpi=2),
     ],
-    "node": [  # needs an MPI world (test_node_needs_an_mpi_world)
-        case("node", "feedline", "rec", mpi=2, full=NODE_INTERMITTENT),
-        case("node", "feedline", "db", mpi=2, full=NODE_INTERMITTENT),
-        case("node", "feedline", "rec", mpi=2, nodes=2, full=NODE_INTERMITTENT),
-        case("node", "tf", "db", mpi=2, full=NODE_INTERMITTENT),
+    # needs an MPI world (test_node_needs_an_mpi_world); each case in its own launch: a
+    # rank that raises (NodeOutOfStepError, before the fix of issue 16) moves on to the
+    # next case while its peer still waits in this one's node window
+    "node": [
+        case("node", "feedline", "rec", mpi=2, alone=True),
+        case("node", "feedline", "db", mpi=2, alone=True),
+        case("node", "feedline", "rec", mpi=2, nodes=2, alone=True),
+        case("node", "tf", "db", mpi=2, alone=True),
     ],
     ToySource.name: [
         case(ToySource.name, "tf", "rec"),
@@ -193,16 +190,14 @@ DAMAGED = {
 }
 
 
-def params(table: dict, mpi: bool, full: bool | None = None) -> list:
-    """The cases of *table* (*full*: only the full tier's, or only the default tier's)."""
+def params(table: dict, mpi: bool, alone: bool | None = None) -> list:
+    """The cases of *table* (*alone*: only those launched alone, or only the others)."""
     out = []
     for name in [*NAMES, ToySource.name]:
         for c in table.get(name, []):
-            if bool(c["mpi"]) != mpi or (full is not None and bool(c["full"]) != full):
+            if bool(c["mpi"]) != mpi or (alone is not None and c["alone"] != alone):
                 continue
             marks = [pytest.mark.xfail(strict=True, reason=c["xfail"])] if c["xfail"] else []
-            if c["full"]:
-                marks.append(pytest.mark.full)
             out.append(pytest.param(c, id=c["id"], marks=marks))
     return out
 
@@ -294,15 +289,14 @@ def launch(tmp, name: str, cases: list[dict], pristine: dict, ranks: int) -> dic
     return res
 
 
-def _all(table: dict, mpi: bool, full: bool | None = None) -> list[dict]:
-    return [p.values[0] for p in params(table, mpi, full)]
+def _all(table: dict, mpi: bool, alone: bool | None = None) -> list[dict]:
+    return [p.values[0] for p in params(table, mpi, alone)]
 
 
 @pytest.fixture(scope="module")
 def mpi_contract(pristine, tmp_path_factory) -> dict:
-    """The default tier's MPI contract cases, in one launch (a full-tier case runs in a
-    launch of its own: a case that fails on one rank leaves its peer waiting)."""
-    cases = _all(CONTRACT, True, full=False)
+    """The MPI contract cases not launched alone, in one launch."""
+    cases = _all(CONTRACT, True, alone=False)
     return launch(str(tmp_path_factory.mktemp("mc")), "contract", cases, pristine, 2)
 
 
@@ -364,7 +358,7 @@ def test_contract(c, opened):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("c", params(CONTRACT, mpi=True))
 def test_contract_mpi(c, pristine, tmp_path, request):
-    if c["full"]:
+    if c["alone"]:
         res = launch(str(tmp_path), "contract", [c], pristine, 2)[c["id"]]
     else:
         res = request.getfixturevalue("mpi_contract")[c["id"]]

@@ -13,9 +13,19 @@ Scenarios (rank 0 is the node's reader; ``readers_per_node=2`` adds rank P/2):
 ``peer-break``    the last rank (not a reader) breaks at step 2 and closes its Loader
 ``reader-break``  rank 0 (reader) breaks at step 2 and starts epoch 1 at once; the
                   others finish epoch 0, then run epoch 1
+``reader-break-slow``  the same, with rank 0 pausing 0.3 s in its next ``start`` between
+                  writing the new pass's key and publishing that it entered the pass
+                  (where a preempted process stops; the others poll every 0.5 ms)
 ``reader-close``  rank 0 breaks at step 2 and closes its Loader; the others finish
 ``reader-gone``   rank 0 closes at step 2; the others stall (sleep) longer than the
                   reader waits, then must get NodePeerLeft, not a hang
+``late-read``     rank 2 (the second reader) breaks at step 3 of epoch 0, the others in the
+                  second last window, then all run epochs 1 and 2; rank 2's read of the
+                  last window of the pass it left lands late, after the others left
+                  that pass, while the next pass reads into the halves
+``reopen``        every rank runs epochs 0 and 1, closes its Loader, and runs epochs 0
+                  and 1 again with a new Loader, whose node window holds the old one's
+                  bytes at allocation (as MPICH's does with one rank per node)
 ``extra-pass``    rank 0 starts and drops one pass more than the others: every rank
                   must raise NodeOutOfStepError instead of reading another epoch's data
 ``io-error``      rank 0 truncates every data file after step 1: every rank raises the
@@ -28,8 +38,10 @@ import glob
 import json
 import os
 import sys
+import threading
 import time
 import traceback
+from concurrent.futures import Future
 
 import numpy as np
 from mpi4py import MPI
@@ -44,6 +56,97 @@ from feedline.plan import Strategy
 
 node_mod.STALL_S = 1.5
 node_mod.CLOSE_GRACE_S = 1.0
+
+
+def slow_pass_entry() -> None:
+    """Pause this rank between writing a new pass's key and publishing its entry."""
+    publish = node_mod.NodeWindowSource._publish
+
+    def slow(self, word, value):
+        entering = value % node_mod._PASS_STRIDE == 0 and value >= node_mod._enc(2, 0)
+        if word == self._w_pos + self._me and entering:
+            time.sleep(0.3)
+        publish(self, word, value)
+
+    node_mod.NodeWindowSource._publish = slow
+
+
+def recycled_windows() -> None:
+    """A new node window starts with the bytes of the last one this process freed.
+
+    MPI does not zero ``Win.Allocate_shared`` memory; with one rank per node MPICH
+    allocates it privately and the allocator hands a freed window's memory back (seen:
+    every byte of a 64 KiB window, 3 of 3 allocations)."""
+    from feedline.dist import world as W
+
+    last: dict[str, np.ndarray] = {}
+    free, allocate = W.NodeArray.free, W.World.node_array
+
+    def keep(self):
+        last["bytes"] = self.array.view(np.uint8).reshape(-1).copy()
+        free(self)
+
+    def node_array(self, shape, dtype=np.uint8, *, owner=0):
+        arr = allocate(self, shape, dtype, owner=owner)
+        old = last.pop("bytes", None)
+        if old is not None and self.node_rank == owner:
+            flat = arr.array.view(np.uint8).reshape(-1)
+            n = min(len(flat), len(old))
+            flat[:n] = old[:n]
+        return arr
+
+    W.NodeArray.free = keep
+    W.World.node_array = node_array
+
+
+LATE: list[bool] = []  # late-read: per late landing, whether every rank had left its pass
+
+
+def _wait_for(cond, limit_s: float = 10.0) -> bool:
+    t = time.monotonic()
+    while not cond():
+        if time.monotonic() - t > limit_s:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def late_serving_reads(flag: str) -> None:
+    """The read of the last window of a pass this rank left lands late: its bytes are
+    written into the half again once every other rank has left that pass (and 0.2 s
+    more), and only then does the read complete. *flag* is created when that read is
+    submitted (the others wait for it before they leave)."""
+    read_window = node_mod.NodeWindowSource._read_window
+
+    def late(self, this_pass, r):
+        fut = read_window(self, this_pass, r)
+        last = r == len(this_pass.steps) - 1
+        if not (last and threading.current_thread().name.endswith("node-serve")):
+            return fut
+        fut.result()
+        base = sum(o.nbytes for o in this_pass.ops[r][: self._my])
+        view = self._halves[r % 2, base : base + this_pass.ops[r][self._my].nbytes]
+        landed, done = view.copy(), Future()
+        gone = node_mod._enc(this_pass.gen, node_mod._DEPARTED)
+
+        def others_left() -> bool:
+            pos = self._pos_all()
+            pos[self._me] = gone
+            return bool((pos >= gone).all())
+
+        def land():
+            left = _wait_for(others_left)
+            time.sleep(0.2)  # the next pass's readers read into the halves meanwhile
+            LATE.append(left)
+            view[:] = landed
+            done.set_result(None)
+
+        threading.Thread(target=land, daemon=True).start()
+        open(flag, "w").close()
+        return done
+
+    node_mod.NodeWindowSource._read_window = late
+
 
 scenario, data_dir, N, SIZE, out_dir = (
     sys.argv[1],
@@ -92,6 +195,15 @@ def check(b, ref, errors):
         errors.append(f"epoch {b.epoch} step {b.step}: wrong bytes")
 
 
+if scenario == "reader-break-slow":
+    scenario = "reader-break"
+    if rank == 0:
+        slow_pass_entry()
+if scenario == "reopen":
+    recycled_windows()
+LATE_FLAG = os.path.join(out_dir, "late-read-submitted")
+if scenario == "late-read" and rank == 2:
+    late_serving_reads(LATE_FLAG)
 ref = reference([0, 1, 2])
 comm.Barrier()
 res = {"rank": rank, "steps": {}, "errors": [], "raised": None}
@@ -101,13 +213,24 @@ try:
     assert ld.stats()["source"] == "node", ld.stats()
     res["reader"] = None
     res["len"] = len(ld)
-    if scenario == "all-break":
+    if scenario in ("all-break", "late-read"):
         for e in (0, 1, 2):
             ld.set_epoch(e)
+            leave = 3
             for b in ld:
                 check(b, ref, res["errors"])
                 res["steps"].setdefault(e, []).append(b.step)
-                if e == 0 and b.step == 3:
+                if scenario == "late-read" and rank != 2:
+                    wins = ld._source._pass.steps  # the pass's windows (ranges of steps)
+                    # the second last window's last step: the producer (read-ahead 2)
+                    # then waits for the last window, pumping this rank's reads meanwhile
+                    # (rank 0 plans the window whose read rank 2 submits late)
+                    leave = wins[-1].start - 1
+                    res["windows"] = len(wins)
+                if e == 0 and b.step == leave:
+                    if scenario == "late-read" and rank != 2:
+                        # rank 2 has submitted its (late) read of the last window
+                        res["flag"] = _wait_for(lambda: os.path.exists(LATE_FLAG))
                     break
         ld.close()
     elif scenario in ("peer-break", "reader-break", "reader-close", "reader-gone"):
@@ -129,6 +252,17 @@ try:
         t1 = time.monotonic()
         ld.close()
         res["close_s"] = time.monotonic() - t1
+    elif scenario == "reopen":
+        for _ in range(2):
+            for e in (0, 1):
+                ld.set_epoch(e)
+                for b in ld:
+                    check(b, ref, res["errors"])
+                    res["steps"].setdefault(e, []).append(b.step)
+            res["node_syncs_first"] = int(ld._source.stats()["node_syncs"])
+            ld.close()
+            ld = Loader(ds, B, preset=TILES, source="node", **KW)
+        ld.close()
     elif scenario == "extra-pass":
         ld.set_epoch(0)
         if rank == 0:
@@ -159,6 +293,7 @@ except Exception as e:
     res["raised"] = f"UNEXPECTED {type(e).__name__}"
     res["message"] = traceback.format_exc()
 res["elapsed_s"] = time.monotonic() - t0
+res["late"] = LATE
 res["node_syncs"] = int(ld._source.stats()["node_syncs"])
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(res, f)

@@ -671,7 +671,10 @@ class World:
         """Allocate a node shared-memory array (``Win.Allocate_shared``), collective on the node.
 
         Node rank *owner* allocates the memory; every rank gets a numpy view of it.
-        Without MPI this is a private array.
+        Without MPI this is a private array (zeroed). Under MPI the memory is *not*
+        zeroed: with one rank per node MPICH allocates it privately and may return a
+        freed window's memory with its old contents; zero what must start at zero
+        (the owner, then :meth:`node_barrier`).
         """
         dtype = np.dtype(dtype)
         shape = tuple(np.atleast_1d(shape).tolist())

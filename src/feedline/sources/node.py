@@ -34,7 +34,14 @@ the pass), and publishes "complete" after its read; a rank waits (polling, with
   a rank waiting for a reader that closed its Loader raises :class:`NodePeerLeft`;
 - a rank whose pass does not match (another epoch or step at the same pass number:
   the node's ranks iterated different numbers of passes) raises
-  :class:`NodeOutOfStepError` instead of delivering another pass's data.
+  :class:`NodeOutOfStepError` instead of delivering another pass's data. A rank's pass
+  key is compared only while its ``pos`` says it is *in* that pass (not departed): a rank
+  writes its next pass's key before it publishes that it entered it, so a departed
+  rank's key may already be the next pass's;
+- a pass reads nothing into the halves until every reader of the node has published
+  ``clear`` for it (its reads of older passes, on serving threads, are over) or closed:
+  the next pass reuses the halves with another layout, and a late read of the old one
+  would overwrite part of the new one's data.
 
 The window is allocated at the first pass (collective: every rank of the node must
 start iterating once) and freed at ``close`` when every rank of the node closes within
@@ -145,6 +152,8 @@ class _Pass:
         self.failed: BaseException | None = None
         self.win = -1
         self.cur: dict | None = None
+        self.cleared = False  # this reader published that its older passes are over
+        self.clear = False  # every reader of the node did: this pass may use the halves
 
 
 class NodeWindowSource(Source):
@@ -177,7 +186,10 @@ class NodeWindowSource(Source):
         self._w_fail = _HEAD + 3 * n + k
         self._w_rkey = _HEAD + 3 * n + 2 * k  # the pass key of each reader's last flag
         self._w_planned = _HEAD + 3 * n + 3 * k  # (pass, windows planned by the first reader)
-        words = _HEAD + 3 * n + 3 * k + 1
+        # per reader: (pass, 0) once no read of an older pass of that reader can still land
+        # in the halves (its serving threads have ended)
+        self._w_clear = _HEAD + 3 * n + 3 * k + 1
+        words = _HEAD + 3 * n + 4 * k + 1
         self._err0 = -(-words * 8 // 64) * 64
         self._tab0 = -(-(self._err0 + k * _ERR_BYTES) // 64) * 64
         ctrl = self._tab0 + 2 * tab
@@ -188,6 +200,14 @@ class NodeWindowSource(Source):
         self._layout(self._n, self._k, half, tab)
         shm = self.world.node_array(self._total, np.uint8, owner=0)
         shm.lock_all()
+        # MPI does not zero the window: with one rank per node MPICH's shared window is
+        # private memory, and a new Loader's window got the last one's control words
+        # (its passes' pos/ready/key), which a pass of the same number took as its own
+        if self.world.node_rank == 0:
+            shm.array[: self._data0] = 0  # control words, failures, plan tables
+        shm.sync()
+        self.world.node_barrier()  # nobody publishes before the words are zero
+        shm.sync()
         self._shm = shm
         self._half = max(half, 1)
         self._ctl = shm.array[: self._err0].view(np.int64)
@@ -269,13 +289,20 @@ class NodeWindowSource(Source):
             raise NodePeerLeft(r, self._node, f"it closed its Loader; {why}")
 
     def _check_keys(self, gen: int, key: int) -> None:
-        """Ranks in the same pass number must run the same plan (else: out of step)."""
-        lo, hi = _enc(gen, 0), _enc(gen + 1, 0)
+        """Ranks in the same pass number must run the same plan (else: out of step).
+
+        A rank's key word is rewritten at its next ``start`` while its pos word still
+        says it *departed* this pass (the key is written before the new pos is
+        published): a departed rank is skipped, and a key counts only if the rank's pos
+        word, read before and after it, shows the same pass, not departed.
+        """
+        lo, hi = _enc(gen, 0), _enc(gen, _DEPARTED)
         for i in range(self._n):
             p = int(self._ctl[self._w_pos + i])
             if lo <= p < hi:
                 self._shm.sync()
                 k = int(self._ctl[self._w_key + i])
+                self._shm.sync()
                 if int(self._ctl[self._w_pos + i]) == p and k != key:
                     raise NodeOutOfStepError(
                         f"rank {i + self._rank_lo} of node {self._node} runs another pass "
@@ -354,7 +381,7 @@ class NodeWindowSource(Source):
             self._publish(self._w_ready + self._my, _enc(this_pass.gen, this_pass.published))
         n = len(this_pass.steps)
         while this_pass.next_submit < n and this_pass.next_submit - this_pass.published < 2:
-            if any(t.is_alive() for t in this_pass.after):
+            if not this_pass.clear and not self._clear(this_pass):
                 return  # an older pass's reads may still land in the halves
             w = this_pass.next_submit
             pos = self._pos_all()
@@ -375,6 +402,32 @@ class NodeWindowSource(Source):
                 self._fail(this_pass, w, e)
                 return
             this_pass.next_submit += 1
+
+    def _clear(self, this_pass: _Pass) -> bool:
+        """Whether no read of an older pass, by any reader of the node, can still land in
+        the halves (so this pass may read into them).
+
+        A reader that left a pass keeps reading it on a serving thread; the pass it
+        starts next waits for that thread (``after``), and so must the node's other
+        readers: their next pass reuses the same halves with another layout, and a late
+        read of the old pass would overwrite part of the new one's data. Each reader
+        publishes ``clear`` = (pass, 0) once its serving threads have ended; a pass reads
+        nothing until every reader of the node has published it for this pass or a later
+        one (later: its serving threads ended too), or has closed its Loader (``close``
+        ends them before it publishes that).
+        """
+        if not this_pass.cleared:
+            if any(t.is_alive() for t in this_pass.after):
+                return False
+            self._publish(self._w_clear + self._my, _enc(this_pass.gen, 0))
+            this_pass.cleared = True
+        self._shm.sync()
+        clear = self._ctl[self._w_clear : self._w_clear + self._k]
+        closed = self._pos_all()[self._reader_idx] == _CLOSED
+        if not ((clear >= _enc(this_pass.gen, 0)) | closed).all():
+            return False
+        this_pass.clear = True
+        return True
 
     def _fail(self, this_pass: _Pass, window: int, exc: BaseException) -> None:
         """Publish this reader's failure at *window* (the node's ranks raise it there)."""
