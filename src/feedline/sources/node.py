@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import defaults
+from .. import _core, defaults
 from ..dist import ops as mpi
 from ..dist.alarm import WaitBound
 from ..dist.world import FreeVote
@@ -115,7 +115,13 @@ _PASS_STRIDE = 1 << 32  # pos/ready/fail words: pass * _PASS_STRIDE + count
 _DEPARTED = _PASS_STRIDE - 1  # count meaning "released every window of the pass"
 _CLOSED = (1 << 62) - 1  # pos of a rank whose Loader is closed
 _ERR_BYTES = 8192  # per reader: length + pickled failure
-_HEAD = 8  # words before the per-rank words (word 0: close counter)
+_HEAD = 8  # words before the per-rank words (word 0: close counter; word 1: doorbell)
+_W_BELL = 1  # rung (feedline._core.doorbell_ring) after every published control word
+#: longest doorbell wait before a waiting rank checks its peers and its wait bound again
+BELL_SLICE_S = 0.05
+#: longest wait of a reader on its own read in flight before it looks at the node again
+#: (its completion rings no bell; the node's releases, which let it read on, do)
+READ_SLICE_S = 0.002
 
 
 class NodePeerLeft(FeedlineError):
@@ -211,6 +217,7 @@ class NodeWindowSource(Source):
         self._shm = shm
         self._half = max(half, 1)
         self._ctl = shm.array[: self._err0].view(np.int64)
+        self._bell = shm.array[8 * _W_BELL : 8 * _W_BELL + 4].view(np.uint32)
         self._tabs = shm.array[self._tab0 : self._tab0 + 2 * tab].reshape(2, tab)
         data = shm.array[self._data0 : self._data0 + 2 * self._half]
         self._halves = data.reshape(2, self._half)
@@ -278,6 +285,28 @@ class NodeWindowSource(Source):
     def _publish(self, word: int, value: int) -> None:
         self._shm.sync()  # what this rank wrote or read before is ordered before the flag
         self._ctl[word] = value
+        self._ring()
+
+    def _ring(self) -> None:
+        """Wake the node's ranks waiting for a control word to change (``_wait``)."""
+        _core.doorbell_ring(self._bell, 0)
+
+    def _wait(self, this_pass: _Pass, bell: int) -> None:
+        """Wait for the node's control words to change since the doorbell read *bell*.
+
+        A rank waits on the doorbell (a futex: no CPU, woken by the next publication)
+        for at most ``BELL_SLICE_S``, so that it still checks its peers and its wait
+        bound; a reader with a read of its own in flight waits on that read instead, in
+        ``READ_SLICE_S`` slices (a completed read rings nothing until it publishes it).
+        """
+        if self._is_reader and this_pass.published in this_pass.futures:
+            wait = getattr(this_pass.futures[this_pass.published], "wait", None)
+            if wait is not None:
+                wait(READ_SLICE_S)
+            else:
+                time.sleep(self._pause)
+            return
+        _core.doorbell_wait(self._bell, 0, bell, BELL_SLICE_S)
 
     def _pos_all(self) -> np.ndarray:
         return self._ctl[self._w_pos : self._w_pos + self._n].copy()
@@ -509,6 +538,7 @@ class NodeWindowSource(Source):
         fail = slice(self._w_fail, self._w_fail + self._k)
         bound = WaitBound(self.world, f"the readers of node {self._node} (window {r})")
         while True:
+            bell = int(self._bell[0])  # before the words: a change after it rings
             if self._is_reader:
                 self._pump(this_pass)
             pos = self._pos_all()  # before the flags: a reader closes after its last flag
@@ -543,7 +573,7 @@ class NodeWindowSource(Source):
             if self._stop_evt.is_set():
                 raise SourceStopped()
             bound.check()  # a failed or dead peer anywhere, or past the wait's bound
-            time.sleep(self._pause)
+            self._wait(this_pass, bell)
         self._shm.sync()  # the readers' data is visible after their flags
         self._stats["node_syncs"] += 1
         ops = self._shared_ops(this_pass, r)
@@ -574,7 +604,7 @@ class NodeWindowSource(Source):
 
     # ------------------------------------------------------------- lifecycle
     def request_stop(self) -> None:
-        self._stop_evt.set()
+        self._stop_evt.set()  # a wait sees it within BELL_SLICE_S
 
     def stop(self) -> None:
         this_pass, self._pass = self._pass, None
@@ -636,6 +666,7 @@ class NodeWindowSource(Source):
         shm.sync()
         self._ctl[self._w_pos + self._me] = _CLOSED
         shm.sync()
+        self._ring()
 
     def memory_bytes(self, plan) -> int:
         # two halves and two plan tables of one window of the node's samples; per rank,
