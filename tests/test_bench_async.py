@@ -66,7 +66,15 @@ def test_async_quick_tables_digests_and_sweep(tmp_path):
     assert set(doc["datasets"]) == {"cosmoflow", "neuron-inverter"}
     for name, e in doc["datasets"].items():
         rows = {r["name"]: r for r in e["rows"]}
-        assert list(rows) == ["tf", "tf-pre", "async", "async-db", "torch-w0", "torch-w2"]
+        assert list(rows) == [
+            "tf",
+            "tf-pre",
+            "async",
+            "async-db",
+            "feedline",
+            "torch-w0",
+            "torch-w2",
+        ]
         assert not any(r["error"] for r in rows.values())
         # compute auto: 1.2 x the measured async read time per step
         cal = e["calibration"]
@@ -88,6 +96,8 @@ def test_async_quick_tables_digests_and_sweep(tmp_path):
         for n in ("tf", "tf-pre", "torch-w0", "torch-w2"):
             assert rows[n]["digest"] == want, n
         assert rows["async"]["digest"] == rows["async-db"]["digest"] != want
+        # the default reads its own plan: every sample once, in its own order
+        assert rows["feedline"]["digest"] not in (want, rows["async"]["digest"])
         # one read per sample for tf, one per group (B samples) for the async presets
         shape = QUICK[name]
         assert rows["tf"]["storage_ops"] == shape.samples
@@ -119,7 +129,7 @@ def test_async_two_ranks_fixed_compute(tmp_path):
     assert e["ranks"] == 2 and e["compute_ms"] == 2.0 and "calibration" not in e
     assert "sweep" not in e
     rows = {r["name"]: r for r in e["rows"]}
-    assert list(rows) == ["tf", "tf-pre", "async", "async-db", "torch-w0"]
+    assert list(rows) == ["tf", "tf-pre", "async", "async-db", "feedline", "torch-w0"]
     want = _digest_from_files(
         str(tmp_path / "data" / "neuron-inverter"), QUICK["neuron-inverter"].batch_size, 2, "tf"
     )

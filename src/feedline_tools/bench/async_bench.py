@@ -57,6 +57,8 @@ from feedline_tools.bench.runners import (
 from feedline_tools.bench.worker import under_mpiexec, world_comm
 
 PRESETS = ("tf", "tf-pre", "async", "async-db")
+#: the default beside the paper's four: what Loader(path) exposes under the same compute
+DEFAULT_ROW = "feedline"
 TORCH_WORKERS = (0, 2)
 AUTO_FACTOR = 1.2  # compute = 1.2 x async read time per step (the brief's regime)
 
@@ -573,6 +575,14 @@ def run(args: argparse.Namespace) -> int:
                 )
                 for p in PRESETS
             ]
+            runs.append(
+                RunSpec(
+                    DEFAULT_ROW,
+                    f"loader-timed:{DEFAULT_ROW}",
+                    dict(extra_opts),
+                    {"preset": DEFAULT_ROW},
+                )
+            )
             runs += [
                 RunSpec(
                     f"torch-w{w}",
