@@ -40,21 +40,28 @@ from feedline import FeedlineError, Loader, open_dataset
 REPORT: list[str] = []
 
 
+def _write(path: str, text: str) -> None:
+    """Write *path* whole or not at all (a launcher may kill this process at any time:
+    a report cut mid-write would fail the test's parse)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def report(rank: int, line: str) -> None:
     """Print the outcome line, and write it to REPORT[0].RANK.txt (a launcher that kills
     the job may drop the last lines of stdout)."""
     print(line, flush=True)
     if REPORT:
-        with open(f"{REPORT[0]}.{rank}.txt", "w") as f:
-            f.write(line + "\n")
+        _write(f"{REPORT[0]}.{rank}.txt", line + "\n")
 
 
 def _die() -> None:
     if REPORT:  # the shared-memory files this job maps, for the leak check
         with open("/proc/self/maps") as f:
             shm = sorted({ln.split(None, 5)[-1].strip() for ln in f if "/dev/shm/" in ln})
-        with open(f"{REPORT[0]}.shm", "w") as f:
-            json.dump([p.replace(" (deleted)", "") for p in shm], f)
+        _write(f"{REPORT[0]}.shm", json.dumps([p.replace(" (deleted)", "") for p in shm]))
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
