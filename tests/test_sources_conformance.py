@@ -8,7 +8,8 @@ Parametrised over ``sorted(SOURCES)`` and a user-written source defined here
 (:class:`ToySource`), which passes the same checks. Sources that need an MPI world
 (``node``; the DeepIO ``store`` at several ranks; the node windows and cursor hand-offs
 of ``lmdbio``) run under ``mpiexec -n 2`` (tests/mpi/source_conformance_mpi.py, one
-launch for the contract cases, one for the damaged-storage cases); the rest run in this
+launch for the contract cases but the ``node`` source's, which get one each, one for the
+damaged-storage cases); the rest run in this
 process, at 1 rank and at 3 ranks simulated in turn. Damaged-storage cases run in a
 child process (a mapped LMDB that faults would otherwise kill pytest), each on its own
 copy of the data.
