@@ -139,8 +139,9 @@ def test_circular_last_step_wraps_with_r1_and_is_refused_below(cifar):
         Loader(ds, 64, preset="deepio-ordered", memory_fraction=0.25, **kw)
 
 
-def _mpi(n, *args, timeout=300, nodes=0):
+def _mpi(n, *args, timeout=300, nodes=0, shm=True):
     env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1")
+    env["FEEDLINE_STORE_SHARED_MEMORY"] = "1" if shm else "0"
     env.pop("FEEDLINE_NODES", None)
     if nodes:
         env["FEEDLINE_NODES"] = str(nodes)
@@ -180,6 +181,15 @@ def variable(tmp_path_factory):
 def test_both_modes_exactly_once_and_resume_exact(cifar, variable, kind, n, nodes):
     out = _mpi(n, cifar if kind == "fixed" else variable, "exact", nodes=nodes, timeout=600)
     assert out.count("STORE-EXACT-OK") == n, out
+
+
+@pytest.mark.parametrize("kind", ["fixed", "variable"])
+def test_exact_with_every_get_an_mpi_rget(cifar, variable, kind):
+    # FEEDLINE_STORE_SHARED_MEMORY=0: no direct reads of the peers' shared memory, every
+    # get from another rank is an MPI_Rget with indexed datatypes (the path across hosts)
+    data = cifar if kind == "fixed" else variable
+    out = _mpi(4, data, "exact", nodes=2, timeout=600, shm=False)
+    assert out.count("STORE-EXACT-OK") == 4, out
 
 
 @pytest.mark.parametrize(("n", "nodes", "then"), [(4, 2, 2), (2, 0, 3)])

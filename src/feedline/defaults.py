@@ -98,6 +98,11 @@ KNOBS: dict[str, _Knob] = {
         "(0: never; peers on this host are checked for death without a timeout)",
     ),
     "poll_sleep_us": _Knob(200, "sleep between polls of a pending MPI request"),
+    "store_shared_memory": _Knob(
+        1,
+        "the DeepIO store reads the parts of ranks on its host from MPI's shared memory "
+        "directly (0: every get from another rank is an MPI_Rget)",
+    ),
     "progress": _Knob(1, "show progress bars on long work (0 to hide)"),
     "dlio_preset": _Knob("feedline", "the Loader preset feedline.dlio.Loader runs under DLIO"),
     "mpiexec": _Knob("", "the mpiexec the bench harness launches (empty: beside Python, PATH)"),

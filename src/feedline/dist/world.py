@@ -186,11 +186,14 @@ class RmaArray:
     host, memory registered with the NIC across hosts — so a get needs no help from the
     target's CPU; ``Win.Create`` over memory of our own would make MPICH serve every
     get by active messages the *target* must progress). :meth:`get` copies byte ranges
-    of any rank's part into a local buffer: this rank's own by a plain copy, every other
-    rank's by one ``MPI_Rget`` per rank (its records described by indexed datatypes).
-    Without MPI it is a private array. Synchronisation is the caller's: write your part,
-    :meth:`sync`, then tell the others (a collective); stop reading before telling a
-    writer it may overwrite.
+    of any rank's part into a local buffer: this rank's own by a plain copy; a rank of
+    the same host whose part MPI placed in shared memory (*shared*, from
+    ``MPI_Win_shared_query``) by loads from that memory on this rank's CPU — what MPI's
+    own shared-memory ``MPI_Get`` does, without building and walking two datatypes per
+    get; every other rank's by one ``MPI_Rget`` per rank (its records described by
+    indexed datatypes). Without MPI it is a private array. Synchronisation is the
+    caller's: write your part, :meth:`sync`, then tell the others (a collective); stop
+    reading before telling a writer it may overwrite.
     """
 
     def __init__(
@@ -201,14 +204,22 @@ class RmaArray:
         *,
         node_of: Sequence[int] | None = None,
         vote: FreeVote | None = None,
+        shared: Sequence[np.ndarray | None] | None = None,
     ) -> None:
         self.array = array
         self._vote = vote
         self._win = win
         self._rank = rank
         self._node = np.asarray(node_of if node_of is not None else [0], dtype=np.int64)
+        #: per rank: its part as an array this process loads from directly, or None
+        self._shared: list[np.ndarray | None] = list(shared) if shared is not None else []
         if win is not None:
             win.Lock_all(_mpi().MODE_NOCHECK)
+
+    @property
+    def shared_ranks(self) -> int:
+        """How many other ranks' parts this rank reads directly (shared memory)."""
+        return sum(1 for r, a in enumerate(self._shared) if a is not None and r != self._rank)
 
     def sync(self) -> None:
         """Memory barrier: this rank's stores become visible to its peers, and theirs
@@ -224,14 +235,19 @@ class RmaArray:
         out: np.ndarray,
         dest: np.ndarray,
         poll: Callable[[], None] | None = None,
-    ) -> tuple[int, int, int]:
+    ) -> tuple[int, int, int, int]:
         """Copy ``lengths[i]`` bytes at ``disps[i]`` of rank ``owners[i]``'s part into
         ``out[dest[i]:]``. Returns (bytes from other ranks of this rank's node, bytes
-        from other nodes, get calls). One request-based ``MPI_Rget`` per other rank, its
-        scattered records described by two indexed datatypes (a batch of many elements
-        per call); the requests are polled, calling *poll* between tests (it may raise,
-        e.g. when a peer died: the gets then stay pending, and *out* with them, until
-        exit — see :data:`PENDING`).
+        from other nodes, gets, of which served from shared memory): one get per other
+        rank holding some of the records. A rank whose part is in shared memory is read
+        directly (a copy per record when they are few, else one vectorised copy of
+        fixed-size records; many records of varied sizes go through MPI). Every other
+        get is one request-based ``MPI_Rget``, its scattered records described by two
+        indexed datatypes (a batch of many elements per call). The requests are polled,
+        calling *poll* between tests (it may raise, e.g. when a peer died: the gets then
+        stay pending, and *out* with them, until exit — see :data:`PENDING`); after
+        direct reads *poll* is called once, so a dead peer is still noticed (its memory
+        stays mapped: what was read is what it held).
         """
         owners = np.asarray(owners)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -241,7 +257,7 @@ class RmaArray:
         cuts = np.flatnonzero(np.diff(owners[order])) + 1
         types: list[Any] = []
         reqs: list[Any] = []
-        node_bytes = remote = 0
+        node_bytes = remote = direct = 0
         done = False
         try:
             for sel in np.split(order, cuts):
@@ -256,16 +272,27 @@ class RmaArray:
                 sel, ln = sel[keep], ln[keep]
                 if len(sel) == 0:
                     continue
-                MPI = _mpi()
-                blocks = ln.astype(np.int32).tolist()
-                tt = MPI.BYTE.Create_hindexed(blocks, disps[sel].tolist()).Commit()
-                ot = MPI.BYTE.Create_hindexed(blocks, dest[sel].tolist()).Commit()
-                types += [tt, ot]
-                reqs.append(self._win.Rget([out, 1, ot], o, (0, 1, tt)))
                 if self._node[o] == self._node[self._rank]:
                     node_bytes += int(ln.sum())
                 else:
                     remote += int(ln.sum())
+                src = self._shared[o] if o < len(self._shared) else None
+                if src is not None and _copy_records(
+                    src, disps[sel], ln, out, dest[sel], loop_max=_DIRECT_LOOP
+                ):
+                    direct += 1
+                    continue
+                MPI = _mpi()
+                L = int(ln[0])
+                if bool((ln == L).all()):  # one block length: cheaper to build and walk
+                    tt = MPI.BYTE.Create_hindexed_block(L, disps[sel].tolist()).Commit()
+                    ot = MPI.BYTE.Create_hindexed_block(L, dest[sel].tolist()).Commit()
+                else:
+                    blocks = ln.astype(np.int32).tolist()
+                    tt = MPI.BYTE.Create_hindexed(blocks, disps[sel].tolist()).Commit()
+                    ot = MPI.BYTE.Create_hindexed(blocks, dest[sel].tolist()).Commit()
+                types += [tt, ot]
+                reqs.append(self._win.Rget([out, 1, ot], o, (0, 1, tt)))
             if reqs:
                 MPI = _mpi()
                 # back off from 10 µs to the poll interval
@@ -276,13 +303,15 @@ class RmaArray:
                         poll()
                     time.sleep(pause)
                     pause = min(pause * 2, top)
+            elif direct and poll is not None:
+                poll()
             done = True
         finally:
             if not done and reqs:  # abandoned: the memory must outlive the pending gets
                 PENDING.append((reqs, out))
             for t in types:
                 t.Free()  # freeing a datatype in use is allowed: MPI frees it after the get
-        return node_bytes, remote, len(reqs)
+        return node_bytes, remote, len(reqs) + direct, direct
 
     def free(self) -> None:
         """Release the window (collective over the store's communicator)."""
@@ -384,21 +413,61 @@ class FreeVote:
             self._win = None
 
 
+#: a direct read from a peer's shared memory copies record by record up to this many
+#: records of varied sizes; more go through ``MPI_Rget`` and its indexed datatypes
+_DIRECT_LOOP = 64
+
+
 def _copy_records(
-    src: np.ndarray, disps: np.ndarray, lengths: np.ndarray, out: np.ndarray, dest: np.ndarray
-) -> None:
-    """``out[dest[i]:+lengths[i]] = src[disps[i]:+lengths[i]]`` (one vectorised copy when
-    the records have one length and land on multiples of it)."""
+    src: np.ndarray,
+    disps: np.ndarray,
+    lengths: np.ndarray,
+    out: np.ndarray,
+    dest: np.ndarray,
+    loop_max: int | None = None,
+) -> bool:
+    """``out[dest[i]:+lengths[i]] = src[disps[i]:+lengths[i]]``: a copy per record when
+    they are few (one memcpy each, no temporary), else one vectorised gather when the
+    records have one length and land on multiples of it, else a copy per record — or,
+    past *loop_max* records, nothing (False: the caller copies them another way)."""
     n = len(disps)
     if n == 0:
-        return
+        return True
     L = int(lengths[0])
-    if L > 0 and bool((lengths == L).all()) and bool((dest % L == 0).all()):
+    if n > _DIRECT_LOOP and L > 0 and bool((lengths == L).all()) and bool((dest % L == 0).all()):
         rows = np.lib.stride_tricks.sliding_window_view(src[: int(disps.max()) + L], L)
         out[: (int(dest.max()) // L + 1) * L].reshape(-1, L)[dest // L] = rows[disps]
-        return
+        return True
+    if loop_max is not None and n > loop_max:
+        return False
     for d, ln, t in zip(disps.tolist(), lengths.tolist(), dest.tolist(), strict=True):
         out[t : t + ln] = src[d : d + ln]
+    return True
+
+
+def _shared_parts(win: Any, comm: Any, nbytes: int) -> list[np.ndarray | None]:
+    """Per rank of *comm*: its part of *win* as an array this process loads from
+    directly (``MPI_Win_shared_query``: ranks of this host whose memory MPI placed in
+    shared memory), else None. Collective (*comm* split by host). Only with MPI 4 or
+    later, where the query is defined for every window (answering "not shared" rather
+    than failing); with an older MPI every entry is None."""
+    MPI = _mpi()
+    parts: list[np.ndarray | None] = [None] * comm.Get_size()
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        if MPI.Get_version() < (4, 0) or host.Get_size() == 1:
+            return parts
+        here = host.Get_group().Translate_ranks(list(range(host.Get_size())), comm.Get_group())
+        for r in here:
+            try:
+                mem, _unit = win.Shared_query(r)
+            except MPI.Exception:
+                continue
+            if mem is not None and len(mem) >= nbytes:
+                parts[r] = np.frombuffer(mem, dtype=np.uint8)[:nbytes]
+    finally:
+        host.Free()
+    return parts
 
 
 class Token:
@@ -703,7 +772,8 @@ class World:
         arr = np.frombuffer(win.tomemory(), dtype=np.uint8)[:nbytes]
         nodes = [self.spec.node_of(r) for r in range(comm.Get_size())]
         vote = FreeVote.on_rank0(self, comm)
-        return RmaArray(arr, win, me, node_of=nodes, vote=vote)
+        shared = _shared_parts(win, comm, nbytes) if defaults.get("store_shared_memory") else None
+        return RmaArray(arr, win, me, node_of=nodes, vote=vote, shared=shared)
 
     # ----------------------------------------------------------------- tokens
     def token(self, info) -> Token:

@@ -70,7 +70,7 @@ CLOSE_GRACE_S = 5.0
 STALL_S = 10.0  # close() says it is waiting for the others after this long
 _log = logging.getLogger("feedline.store")
 
-_PASS_KEYS = ("rma_gets", "rma_bytes", "rma_wait_s", "node_bytes", "local_bytes")
+_PASS_KEYS = ("rma_gets", "shm_gets", "rma_bytes", "rma_wait_s", "node_bytes", "local_bytes")
 _OK, _LEFT, _STORAGE, _CORRUPT, _OTHER, _GONE = 0, 1, 2, 3, 4, 5
 _CODE_NAMES = {_STORAGE: "StorageError", _CORRUPT: "CorruptDataError", _OTHER: "an error"}
 
@@ -191,6 +191,7 @@ class StoreSource(Source):
         self._done_pass = True
         self._st: dict[str, float] = {
             "rma_gets": 0,
+            "shm_gets": 0,
             "rma_wait_s": 0.0,
             "rma_bytes": 0,
             "node_bytes": 0,
@@ -541,12 +542,13 @@ class StoreSource(Source):
         np.cumsum(lengths[:-1], out=dest[1:])
         out = np.empty(int(lengths.sum()), dtype=np.uint8)
         t0 = time.monotonic()
-        node, remote, gets = self._rma.get(
+        node, remote, gets, shm = self._rma.get(
             self._owner[ids], self._disp[ids], lengths, out, dest, lambda: self._poll(t0)
         )
         wait = time.monotonic() - t0 if gets else 0.0
         for st in (self._st, self._pass_st):
             st["rma_gets"] += gets
+            st["shm_gets"] += shm
             st["rma_bytes"] += remote
             st["rma_wait_s"] += wait
             st["node_bytes"] += node
