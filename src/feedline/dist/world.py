@@ -27,6 +27,7 @@ from ..plan.world import WorldSpec
 from .alarm import Alarm, pid_alive
 from .alarm import register as register_alarm
 from .launch import detect, job_comm, launcher_comm
+from .shm import _DIRECT_LOOP, _copy_records, _shared_parts
 
 _TOKEN_TAG = 0x7EED
 
@@ -411,63 +412,6 @@ class FreeVote:
             self._win.Unlock_all()
             self._win.Free()
             self._win = None
-
-
-#: a direct read from a peer's shared memory copies record by record up to this many
-#: records of varied sizes; more go through ``MPI_Rget`` and its indexed datatypes
-_DIRECT_LOOP = 64
-
-
-def _copy_records(
-    src: np.ndarray,
-    disps: np.ndarray,
-    lengths: np.ndarray,
-    out: np.ndarray,
-    dest: np.ndarray,
-    loop_max: int | None = None,
-) -> bool:
-    """``out[dest[i]:+lengths[i]] = src[disps[i]:+lengths[i]]``: a copy per record when
-    they are few (one memcpy each, no temporary), else one vectorised gather when the
-    records have one length and land on multiples of it, else a copy per record — or,
-    past *loop_max* records, nothing (False: the caller copies them another way)."""
-    n = len(disps)
-    if n == 0:
-        return True
-    L = int(lengths[0])
-    if n > _DIRECT_LOOP and L > 0 and bool((lengths == L).all()) and bool((dest % L == 0).all()):
-        rows = np.lib.stride_tricks.sliding_window_view(src[: int(disps.max()) + L], L)
-        out[: (int(dest.max()) // L + 1) * L].reshape(-1, L)[dest // L] = rows[disps]
-        return True
-    if loop_max is not None and n > loop_max:
-        return False
-    for d, ln, t in zip(disps.tolist(), lengths.tolist(), dest.tolist(), strict=True):
-        out[t : t + ln] = src[d : d + ln]
-    return True
-
-
-def _shared_parts(win: Any, comm: Any, nbytes: int) -> list[np.ndarray | None]:
-    """Per rank of *comm*: its part of *win* as an array this process loads from
-    directly (``MPI_Win_shared_query``: ranks of this host whose memory MPI placed in
-    shared memory), else None. Collective (*comm* split by host). Only with MPI 4 or
-    later, where the query is defined for every window (answering "not shared" rather
-    than failing); with an older MPI every entry is None."""
-    MPI = _mpi()
-    parts: list[np.ndarray | None] = [None] * comm.Get_size()
-    host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        if MPI.Get_version() < (4, 0) or host.Get_size() == 1:
-            return parts
-        here = host.Get_group().Translate_ranks(list(range(host.Get_size())), comm.Get_group())
-        for r in here:
-            try:
-                mem, _unit = win.Shared_query(r)
-            except MPI.Exception:
-                continue
-            if mem is not None and len(mem) >= nbytes:
-                parts[r] = np.frombuffer(mem, dtype=np.uint8)[:nbytes]
-    finally:
-        host.Free()
-    return parts
 
 
 class Token:
