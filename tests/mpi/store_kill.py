@@ -30,6 +30,17 @@ with open(os.path.join(path, ".feedline-make.json")) as f:
     m = json.load(f)
 ds = open_dataset(path, format=m["format"], comm=comm, **m.get("open_options", {}))
 ld = Loader(ds, 16, preset=preset, memory_fraction=R, seed=1, decode=False)
+
+
+def _write(name: str, text: str) -> None:
+    """Atomically (another survivor's exit may abort this rank mid-write): a file the
+    test reads whole or not at all."""
+    tmp = os.path.join(out, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(out, name))
+
+
 t0 = time.monotonic()
 try:
     for epoch in range(50):
@@ -39,9 +50,7 @@ try:
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.002)
 except StorePeerDied as e:
-    with open(os.path.join(out, f"raised-{rank}"), "w") as f:
-        f.write(f"{time.monotonic() - t0:.1f} {e}")
+    _write(f"raised-{rank}", f"{time.monotonic() - t0:.1f} {e}")
     ld.close()
     sys.exit(3)  # the exit hook aborts the job (MPI cannot finalize with a dead rank)
-with open(os.path.join(out, f"finished-{rank}"), "w") as f:
-    f.write("finished")
+_write(f"finished-{rank}", "finished")
