@@ -188,8 +188,15 @@ def test_loader_records_its_plan_and_resumes_across_choices(tmp_path):
     rest = [x.ids for x in b]
     got = np.sort(np.concatenate(seen + rest))
     assert np.array_equal(got, np.arange(3000))
+    assert len(b.stats()["epoch_s"]) == 1  # the resumed pass, measured
     b.set_epoch(1)
-    assert np.array_equal(np.sort(np.concatenate([x.ids for x in b])), np.arange(3000))
+    it = iter(b)
+    assert np.array_equal(np.sort(np.concatenate([x.ids for x in it])), np.arange(3000))
+    with pytest.raises(StopIteration):
+        next(it)  # asking an ended pass again does not time it again
+    # every completed pass is timed once, next to the model's estimate per epoch
+    times = b.stats()["epoch_s"]
+    assert len(times) == 2 and all(t > 0 for t in times)
     b.close()
 
 

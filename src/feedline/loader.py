@@ -688,8 +688,8 @@ class Loader:
         for k, v in self._source.stats().items():
             out.setdefault(k, v)
         if self.choice is not None:
-            # which plan ran and what the cost model expected of it (per epoch, I/O-bound)
-            best = self.choice.best
+            best = self.choice.best  # the plan that ran; its estimate next to measured passes
+            out["epoch_s"] = list(self.__dict__.get("_pass_times", []))  # pipeline/passes.py
             out["plan"] = best.label()
             out["plan_profile"] = self.choice.profile.name
             out["plan_estimate_s"] = best.cost

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConcurrencyError, StorageTimeoutError
@@ -22,6 +23,21 @@ if TYPE_CHECKING:  # pragma: no cover
 _AGREEING = ("node", "store")
 
 
+#: completed passes whose seconds Loader.stats() reports (``epoch_s``)
+KEEP_PASSES = 8
+
+
+def _record_pass(loader: Any, run: Any, t0: float | None) -> None:
+    """Note a completed pass's wall time (first ``next()`` to its end) and steps, the
+    measured side of ``stats()["plan_estimate_s"]``."""
+    if t0 is None or getattr(run, "_timed", False):
+        return
+    run._timed = True
+    done = loader.__dict__.setdefault("_pass_times", [])
+    done.append(round(time.perf_counter() - t0, 6))
+    del done[:-KEEP_PASSES]
+
+
 class Epoch:
     """The iterator of one pass; dropping it (``break``) stops the loader's threads."""
 
@@ -29,6 +45,7 @@ class Epoch:
         self._loader = loader
         self._run = run
         self._owner: int | None = None  # the thread consuming this pass
+        self._t0: float | None = None  # the first next() of this pass
 
     def __iter__(self) -> Epoch:
         return self
@@ -59,8 +76,11 @@ class Epoch:
             try:
                 if alarm is not None and lo._source_name not in _AGREEING:
                     alarm.poll()  # a peer failed or died: raise now, on every rank
+                if self._t0 is None:
+                    self._t0 = time.perf_counter()
                 batch = next(self._run)
             except StopIteration:
+                _record_pass(lo, run, self._t0)
                 raise
             except Exception as e:
                 self._run.close()
