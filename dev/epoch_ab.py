@@ -11,7 +11,6 @@ then B when e is even, B then A when odd.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ import time
 from mpi4py import MPI
 
 from feedline import Loader, open_dataset
+from feedline.io import evict as drop_cached
 
 comm = MPI.COMM_WORLD
 path, names = sys.argv[1], sys.argv[2:4]
@@ -30,9 +30,7 @@ def evict() -> None:
     """Every rank drops its own files from the page cache (each emulated node's view)."""
     comm.Barrier()
     for f in ds.files:
-        fd = os.open(f, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+        drop_cached(f)
     comm.Barrier()
 
 

@@ -10,13 +10,13 @@ page cache is emptied before the first epoch only, so later epochs may read from
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 from mpi4py import MPI
 
 from feedline import Loader, open_dataset
+from feedline.io import evict as drop_cached
 
 comm = MPI.COMM_WORLD
 warm = "--warm" in sys.argv
@@ -32,9 +32,7 @@ def evict() -> None:
     files, so that through the storage emulator every node view is emptied."""
     comm.Barrier()
     for f in ds.files:
-        fd = os.open(f, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+        drop_cached(f)
     comm.Barrier()
 
 
