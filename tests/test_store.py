@@ -369,3 +369,48 @@ def test_store_auto_semantics_and_resume_across_choices(cifar):
             b.set_epoch(2)  # then its own choice
             ids = np.concatenate([x.ids for x in b])
             assert np.array_equal(np.sort(ids), np.arange(len(ds)))
+
+
+def test_epochs_tells_the_cost_model_how_long_the_store_has_to_pay(cifar):
+    """``epochs=`` (the epochs the job means to read) is the horizon the store's load is
+    weighed over: unknown, 3 epochs; told 1, the store's first epoch against a window
+    plan's; a bad value is a ConfigError."""
+    ds = open_dataset(cifar)
+    kw = {"seed": 9, "decode": False}
+    with Loader(ds, 32, **kw) as auto:
+        assert auto.choice.best.figures["horizon"] == 3
+    for e in (1, 2, 50):
+        with Loader(ds, 32, epochs=e, **kw) as ld:
+            cands = [c for c in ld.choice.candidates if not c.rejected]
+            store = [c for c in cands if c.unit == "store"]
+            assert store and all(c.figures["horizon"] == e for c in store)
+            f = store[0].figures
+            assert store[0].cost == pytest.approx(
+                (f["first_epoch_s"] + (e - 1) * f["later_epoch_s"]) / e, rel=1e-9
+            )
+            best_win = min(c.cost for c in cands if c.unit != "store")
+            wins = min(c.cost for c in store) < best_win
+            assert ld.stats()["source"] == ("store" if wins else "direct"), e
+            ids = np.concatenate([b.ids for b in ld])
+            assert np.array_equal(np.sort(ids), np.arange(len(ds)))
+    for bad in (0, -1, 1.5, True, "3"):
+        with pytest.raises(ConfigError, match="epochs must be an int >= 1"):
+            Loader(ds, 32, epochs=bad, **kw)
+
+
+def test_epochs_at_the_benchmarks_scale():
+    """8 ranks on 4 emulated nodes, 200,000 LMDB records of 3 KB (``feedline bench
+    lmdbio``'s job through ``feedline emulate``): a job of one epoch reads windows, a
+    job of unknown length or of 3 epochs takes the store, which loads in its first."""
+    from feedline.plan.cost import StorageProfile, choose
+    from feedline.plan.lmdb_model import LmdbModel
+    from feedline.plan.world import WorldSpec
+
+    emu = StorageProfile("emulator", 3e-4, 0.8e9, 1e9, 2e9, 16, 16, contention="queue")
+    args = (LmdbModel(200_000, 3072), WorldSpec(8, 4), 2048, int(2.5e9), emu)
+    once = choose(*args, epochs=1)
+    assert once.best.unit != "store" and once.strategy.assignment == "window"
+    for e in (None, 3):
+        c = choose(*args, epochs=e)
+        assert c.best.unit == "store" and c.best.figures["horizon"] == 3
+        assert "over 3 epochs" in c.explain()

@@ -89,8 +89,9 @@ class Loader:
     **options
         :class:`~feedline.pipeline.options.PipelineOptions` (``shuffle``,
         ``prefetch_depth``, ``workers``, ``io_threads``, ``sample_threads``, ``buffer``,
-        ``nodes``, ``timeout_s``), ``source`` (a registered source name) and strategy
-        knobs (``chunk``, ``coalesce_bytes``, ... see :class:`feedline.plan.Strategy`).
+        ``nodes``, ``timeout_s``, ``epochs``: the epochs the job means to read, for the
+        cost model), ``source`` (a registered source name) and strategy knobs
+        (``chunk``, ``coalesce_bytes``, ... see :class:`feedline.plan.Strategy`).
 
     Raises
     ------
@@ -268,17 +269,17 @@ class Loader:
             base = base.replace(store="ordered")
         mine = {k: v for k, v in self._knobs.items() if k in CHOSEN_KNOBS}
         store = store_unavailable(self.world, explicit_source, mine) or True
-        args = (
-            as_records(self._index),
-            WorldSpec(self.world.size, self.world.nodes),
-            self.batch_size,
-            self._read_cap(),
-            prof,
-        )
-        self.choice = choose(*args, base=base, aggregate=aggregate, units=units, store=store)
+        records, spec = as_records(self._index), WorldSpec(self.world.size, self.world.nodes)
+        args = (records, spec, self.batch_size, self._read_cap(), prof)
+
+        def pick(why: bool | str):
+            e = self.options.epochs
+            return choose(*args, base=base, aggregate=aggregate, units=units, store=why, epochs=e)
+
+        self.choice = pick(store)
         over = store_overflow(self._index, self.choice.strategy, args, self.seed)
         if over and base.store == "auto":  # the closed form was short: windows only
-            self.choice = choose(*args, base=base, aggregate=aggregate, units=units, store=over)
+            self.choice = pick(over)
         elif over:
             raise ConfigError(f"store={base.store!r}: {over}")
         self.strategy = self.choice.strategy
@@ -303,8 +304,7 @@ class Loader:
         them until the next epoch (FEEDLINE_DIRECT_ABOVE, default RAM/2): caching them
         would only cost CPU and evict other data. Else buffered ``pread-random`` (the
         kernel's read-ahead off: tiles are large and scattered, and read-ahead past their
-        ends is bandwidth spent on bytes nobody asked for), so that epochs
-        after the first read from memory."""
+        ends is bandwidth spent on bytes nobody asked for), so later epochs read memory."""
         try:
             total = sum(os.path.getsize(f) for f in self.dataset.files)
         except OSError:

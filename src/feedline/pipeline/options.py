@@ -84,6 +84,10 @@ class PipelineOptions:
         Emulated nodes (``FEEDLINE_NODES``; 0: real nodes from MPI).
     timeout_s : float
         Longest wait for one batch before the consumer reports a stall (0: forever).
+    epochs : int or None
+        Epochs the job means to read, told to the ``feedline`` preset's cost model: the
+        DeepIO store (which pays its load in the first epoch) is weighed over that many
+        (None: unknown, 3). A hint, not a limit: the Loader reads as many as asked.
     """
 
     shuffle: bool = True
@@ -94,6 +98,7 @@ class PipelineOptions:
     buffer: BufferSize | None = None
     nodes: int = 0
     timeout_s: float = 0.0
+    epochs: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("workers", "io_threads", "sample_threads"):
@@ -105,6 +110,9 @@ class PipelineOptions:
             raise ConfigError(f"nodes must be >= 0, got {self.nodes}")
         if self.timeout_s < 0:
             raise ConfigError(f"timeout_s must be >= 0, got {self.timeout_s}")
+        e = self.epochs
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 1):
+            raise ConfigError(f"epochs must be an int >= 1 or None, got {e!r}")
 
 
 _FIELDS = {f.name for f in dataclasses.fields(PipelineOptions)}

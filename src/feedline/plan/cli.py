@@ -69,6 +69,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="print the cost model's estimate of the chosen feedline plan and the runners-up",
     )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs the job will read, for the feedline preset's cost model (the Loader's "
+        "epochs=; default unknown: the DeepIO store is weighed over 3)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-' = stdout)")
@@ -137,6 +144,7 @@ def compute(args) -> dict[str, Any]:
                 int(defaults.get("memory_cap")) if cap is None else cap,
                 profile,
                 base=strategy,
+                epochs=args.epochs,
             )
             strategy = choice.strategy
         plan = make_plan(records, world, strategy, args.seed, args.epoch, batch, memory_cap=cap)

@@ -610,6 +610,7 @@ def choose(
     aggregate: bool = True,
     units: tuple[str, ...] | None = None,
     store: bool | str = True,
+    epochs: int | None = None,
 ) -> Choice:
     """The cheapest plan for this job: a ``window`` plan, or the DeepIO store when
     ``base.store`` lets it be one (see the module docstring).
@@ -636,9 +637,15 @@ def choose(
         the cap) competes with the ``window`` candidates on its mean cost over
         :data:`~feedline.plan.store_cost.EPOCH_HORIZON` epochs; ``"ordered"`` or
         ``"opportunistic"`` choose only R; ``"off"`` leaves it out.
+    epochs : int, optional
+        Epochs the job will read (the Loader's ``epochs=``): the store's cost is its
+        mean per epoch over that many; None (unknown) weighs it over
+        :data:`~feedline.plan.store_cost.EPOCH_HORIZON`. For a job that reads its data
+        once (``epochs=1``) the store's load is the whole epoch's cost, so it wins only
+        where loading beats reading windows.
     """
     from .rl import rl_grouped
-    from .store_cost import FRACTIONS, store_candidate
+    from .store_cost import EPOCH_HORIZON, FRACTIONS, store_candidate
     from .strategy import PRESETS
 
     base = base or PRESETS["feedline"]
@@ -677,7 +684,8 @@ def choose(
     cands = uniq
     if not store_off:
         mode = base.store if base.store in ("ordered", "opportunistic") else "ordered"
-        cands += [store_candidate(sh, prof, R, mode=mode) for R in FRACTIONS]
+        H = EPOCH_HORIZON if epochs is None else epochs
+        cands += [store_candidate(sh, prof, R, mode=mode, horizon=H) for R in FRACTIONS]
     for c in cands:
         if c.rejected or c.unit == "store":
             continue

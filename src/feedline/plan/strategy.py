@@ -91,7 +91,8 @@ class Strategy:
         every epoch instead, same order); ``opportunistic`` also places each round of the
         ``memory`` assignment locality first (``docs/deepio.md``); ``auto`` (the
         ``feedline`` preset) lets the cost model choose the store when it is cheaper
-        over 3 epochs (:func:`feedline.plan.store_cost.store_candidate`).
+        over the job's epochs (the Loader's ``epochs=``; 3 when unknown:
+        :func:`feedline.plan.store_cost.store_candidate`).
     circular : bool
         Caffe's circular reading: the last step is filled by wrapping to the start of
         the epoch's order (not exactly-once; never the default).
@@ -292,7 +293,7 @@ PRESET_DOCS: dict[str, str] = {
     "async-db": "Async-I/O paper 'Async I/O (DB)': + double buffering",
     "deepio-ordered": "DeepIO-Base: in-memory store, ordered mode",
     "deepio-opportunistic": "DeepIO-Opp: in-memory store, entropy-aware opportunistic ordering",
-    "feedline": "feedline default: large tiles in random order, each node's (or rank's) windows shuffled in memory; who reads, tile and window chosen by a cost model, or the DeepIO store when the dataset fits in the job's memory and pays within 3 epochs",
+    "feedline": "feedline default: large tiles in random order, each node's (or rank's) windows shuffled in memory; who reads, tile and window chosen by a cost model, or the DeepIO store when the dataset fits in the job's memory and pays within the job's epochs (epochs=, else 3)",
 }
 
 

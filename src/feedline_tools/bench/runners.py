@@ -717,8 +717,11 @@ _LOADER_STATS = {
 
 @register_runner("loader")
 class LoaderRunner:
-    """``feedline.Loader(ds, batch_size, preset=<arg>, decode=False, comm=comm)``.
+    """``feedline.Loader(ds, batch_size, preset=<arg>, decode=False, comm=comm, epochs=1)``.
 
+    A run reads one epoch, and the Loader is told so (``epochs=1``, unless the runner's
+    options say otherwise): the ``feedline`` preset's cost model then weighs the DeepIO
+    store's load against this one epoch, as it would for a job that reads its data once.
     Exposed I/O is the time the consumer waits in ``next()``; seek/io seconds, storage
     bytes/ops and RL come from ``loader.stats()`` when it reports them.
     """
@@ -746,7 +749,7 @@ class LoaderRunner:
             seed=ctx.seed,
             comm=ctx.comm,
             decode=False,
-            **self.options,
+            **{"epochs": 1, **self.options},
         )
         return self._loader
 
