@@ -58,10 +58,40 @@ def test_a_window_is_read_as_its_tiles():
     rec = FlatRecords(10_000, 1000)
     plan = make_plan(rec, WorldSpec(1), window("rank", 100, 10), 0, 0, 100, memory_cap=1 << 30)
     ops = plan.reads(0)
-    assert len(ops) == 10  # 100 steps / 10 per window
+    # 100 steps, 10 per window; the first 10 cut into 1, 1, 3 and 5 steps
+    assert [len(op.steps) for op in ops] == [1, 1, 3, 5] + [10] * 9
     for op in ops:
-        # 1,000 samples of a window = 10 tiles of 100 records: at most 11 pieces
-        assert len(op.offsets) <= 11 and op.nbytes == op.payload == 1_000_000
+        # 100 samples per step, tiles of 100 records: at most one piece more than steps
+        assert len(op.offsets) <= len(op.steps) + 1
+        assert op.nbytes == op.payload == 100_000 * len(op.steps)
+
+
+@pytest.mark.parametrize(("w", "steps"), [(1, 5), (2, 9), (3, 3), (10, 100), (16, 7), (64, 1000)])
+def test_the_first_window_is_cut_finer(w, steps):
+    """Windows of w steps, the first w cut into w/8, w/8, w/4, w/2: less is read before
+    the first batch; every window is still shuffled completely, and only within itself."""
+    from feedline.plan.assign_window import window_bounds, window_sizes
+
+    b = window_bounds(w, steps)
+    sizes = window_sizes(w, steps)
+    assert b[0] == 0 and sizes.sum() == steps and (sizes >= 1).all()
+    assert sizes[0] == min(max(1, w >> 3), steps)
+    assert set(range(w, steps, w)) <= set(b.tolist())  # later windows: as before
+    B = 12
+    rec = FlatRecords(B * steps, 100)
+    plan = make_plan(rec, WorldSpec(3), window("rank", 4, w), 7, 0, B, memory_cap=1 << 30)
+    order = plan.order()
+    assert np.array_equal(np.sort(order), np.arange(B * steps))
+    for r in range(3):  # rank r's samples of a window come from that window's tiles only
+        ops = plan.reads(r)
+        assert [len(op.steps) for op in ops] == [
+            len(range(a, z)) for a, z in zip(b, np.append(b[1:], steps), strict=True)
+        ]
+        for op in ops:
+            read = np.concatenate(
+                [np.arange(o // 100, (o + n) // 100) for o, n in zip(op.offsets, op.lengths)]
+            )
+            assert set(op.ids.tolist()) <= set(read.tolist())
 
 
 @pytest.mark.parametrize(("ranks", "nodes"), [(64, 8), (512, 32), (4608, 128), (9216, 256)])

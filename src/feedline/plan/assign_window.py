@@ -10,7 +10,10 @@ The order the ``feedline`` preset plans (docs/planner.md, "The window shuffle"):
    owns one contiguous range of V, exactly what it consumes over the epoch (the layouts
    ``node``/``rank`` of :mod:`feedline.plan.layout`, as for ``contiguous``).
 3. The unit's range is cut into *windows* of w steps of its consumption, and every window
-   is shuffled completely (a keyed permutation of its positions).
+   is shuffled completely (a keyed permutation of its positions). The first w steps are
+   cut finer, into windows of w/8, w/8, w/4 and w/2 steps (:func:`window_bounds`): the
+   first window of an epoch is read before its first batch can be served, so a smaller
+   one starts the epoch sooner, and the ones after it are read while it is consumed.
 
 So a unit reads each window as about K = window / tile large extents (one per tile, a
 tile cut at most at the window's two ends), a global batch draws from the current
@@ -29,6 +32,29 @@ import numpy as np
 from ._perm import permute, subkeys
 from .layout import ceil_start, even_start
 from .stream import Assignment, GroupSlots
+
+
+def window_bounds(w: int, steps: int) -> np.ndarray:
+    """The first step of every window of an epoch of *steps* steps with windows of *w*:
+    0, w/8, w/4, w/2 (the first window cut finer, so less is read before the first batch),
+    then every multiple of w. Sorted, unique, all < *steps* (at least ``[0]``)."""
+    w = max(1, int(w))
+    head = {0, w >> 3, w >> 2, w >> 1}
+    b = np.array(sorted(head | set(range(w, max(int(steps), 1), w))), dtype=np.int64)
+    return b[b < max(int(steps), 1)]
+
+
+def window_sizes(w: int, steps: int) -> np.ndarray:
+    """Steps of every window of an epoch (:func:`window_bounds`)."""
+    b = window_bounds(w, steps)
+    return np.diff(np.append(b, max(int(steps), 1)))
+
+
+def weighted_window_steps(w: int, steps: int) -> float:
+    """The window a sample is shuffled in, on average (sum of squares over sum of the
+    window sizes): w for equal windows, a little less with the finer first one."""
+    d = window_sizes(w, steps).astype(np.float64)
+    return float((d * d).sum() / max(d.sum(), 1.0))
 
 
 class WindowStream:
@@ -71,16 +97,24 @@ class WindowStream:
         self.starts = np.asarray(self.starts, dtype=np.int64)
         #: samples a unit consumes per full step
         self.per_step = np.diff(even_start(B, P, firsts)).astype(np.int64)
-        #: samples per window of each unit
+        #: samples per (full) window of each unit
         self.window_len = np.maximum(self.per_step * self.w, 1)
+        #: the first step of every window (:func:`window_bounds`)
+        self.bounds = window_bounds(self.w, S)
+        # where each window ends, in steps (the last: past every position of a unit)
+        self._ends = np.append(self.bounds[1:], max(S, 1) + 1)
         self.slots = GroupSlots(n, self.tile, _balanced_key(n, self.tile, self.key, self.starts))
 
     def windows_of(self, u: int) -> tuple[np.ndarray, np.ndarray]:
         """Start positions in V and lengths of unit *u*'s windows."""
         a, b = int(self.starts[u]), int(self.starts[u + 1])
-        W = int(self.window_len[u])
-        st = np.arange(a, b, W, dtype=np.int64)
-        return st, np.minimum(W, b - st)
+        if b <= a:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z
+        ps = max(int(self.per_step[u]), 1)
+        edges = np.minimum(np.append(self.bounds * ps, b - a), b - a)
+        edges = np.unique(edges)
+        return a + edges[:-1], np.diff(edges)
 
     def pieces(self, v0: int, v1: int) -> tuple[np.ndarray, np.ndarray]:
         """Record ranges ``[lo, hi)`` (in V order) covering V positions ``[v0, v1)``."""
@@ -103,9 +137,12 @@ class WindowStream:
         q = np.asarray(q, dtype=np.int64)
         u = np.searchsorted(self.starts, q, side="right") - 1
         local = q - self.starts[u]
-        W = self.window_len[u]
-        ws = local - local % W
-        size = np.minimum(W, self.starts[u + 1] - self.starts[u] - ws)
+        ps = np.maximum(self.per_step[u], 1)
+        length = self.starts[u + 1] - self.starts[u]
+        k = np.searchsorted(self.bounds, local // ps, side="right") - 1
+        ws = np.minimum(self.bounds[k] * ps, length)
+        nxt = self._ends[k]
+        size = np.minimum(nxt * ps, length) - ws
         wstart = self.starts[u] + ws
         keys = subkeys(self._wkey, wstart.astype(np.uint64))
         return wstart + permute(local - ws, size, keys)

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..units import format_bytes
+from .assign_window import weighted_window_steps, window_sizes
 from .strategy import Strategy
 from .world import WorldSpec
 
@@ -411,7 +412,11 @@ def estimate(
     nw = max(1, math.ceil(share / wb)) if share else 0
     k_win = wb / tile_disk + (1.0 if wb < sh.file_bytes else 0.0)  # pieces per window
     k_win = min(k_win, mean_unit * w)
-    req_unit = nw * k_win
+    # the first w steps are cut into windows of w/8, w/8, w/4, w/2 (assign_window): a
+    # cut more per extra window, and only the first of them is read before step 1
+    sizes = window_sizes(w, sh.steps)
+    extra = max(len(sizes) - math.ceil(max(sh.steps, 1) / w), 0)
+    req_unit = nw * k_win + extra
     # the engine splits extents longer than its chunk into several requests
     sys_unit = req_unit + share / ENGINE_CHUNK
     tiles_total = max(1.0, sh.file_bytes / tile_disk)
@@ -442,7 +447,7 @@ def estimate(
     est.terms = {
         "latency": t_lat,
         "transfer": max(t_bw, t_agg, t_srv),
-        "first_window": lat + wb / per_reader_bw,
+        "first_window": lat + wb * int(sizes[0]) / w / per_reader_bw,
         "coordination": sh.steps * COORD[unit]["step"] + nw * COORD[unit]["window"],
     }
     est.knobs = {
@@ -703,7 +708,8 @@ def choose(
     for c in ok:
         if c.unit != "store":  # the store's RL is its own (rl_memory)
             _U, _, mean_unit = unit_geometry(sh, c.unit)
-            c.rl = rl_grouped(sh.n, max(1, round(mean_unit * c.window_steps)), local_shuffle=True)
+            ww = weighted_window_steps(c.window_steps, sh.steps)
+            c.rl = rl_grouped(sh.n, max(1, round(mean_unit * ww)), local_shuffle=True)
         assert c.rl is not None
         if c.rl + 1e-12 >= base.rl_floor:
             best = c
@@ -721,9 +727,8 @@ def choose(
         for c in fits:
             if c.rl is None:
                 _, _, mean_unit = unit_geometry(sh, c.unit)
-                c.rl = rl_grouped(
-                    sh.n, max(1, round(mean_unit * c.window_steps)), local_shuffle=True
-                )
+                ww = weighted_window_steps(c.window_steps, sh.steps)
+                c.rl = rl_grouped(sh.n, max(1, round(mean_unit * ww)), local_shuffle=True)
         best = max(fits, key=lambda c: (round(c.rl or 0.0, 6), -c.cost))
     strategy = base.replace(auto=False, **best.knobs)
     return Choice(strategy, best, cands, prof, sh, store_off)

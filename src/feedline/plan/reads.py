@@ -18,6 +18,7 @@ lifetime).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -179,11 +180,11 @@ def windows(plan: Plan) -> list[range]:
         return []
     w = window_steps(plan)
     first = plan.first_step
-    if plan.strategy.assignment == "window" and hasattr(plan._stream, "w"):
-        # aligned to the shuffle's windows, also when resumed mid-window
-        nxt = min(-(-first // w) * w, plan.num_steps)
-        head = [range(first, nxt)] if nxt > first else []
-        return head + [range(a, min(a + w, plan.num_steps)) for a in range(nxt, plan.num_steps, w)]
+    if plan.strategy.assignment == "window" and hasattr(plan._stream, "bounds"):
+        # the shuffle's windows (the first cut finer), also when resumed mid-window
+        b = [int(x) for x in plan._stream.bounds if x < plan.num_steps] + [plan.num_steps]
+        out = [range(max(a, first), z) for a, z in itertools.pairwise(b)]
+        return [r for r in out if len(r)]
     return [range(a, min(a + w, plan.num_steps)) for a in range(first, plan.num_steps, w)]
 
 

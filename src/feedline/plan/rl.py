@@ -212,8 +212,11 @@ def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float
 
     if isinstance(x, Plan):
         if x.strategy.assignment == "window" and hasattr(x._stream, "window_len"):
-            wl = x._stream.window_len
-            per_unit = np.diff(x._stream.starts)
+            from .assign_window import weighted_window_steps
+
+            st = x._stream
+            per_unit = np.diff(st.starts)
+            wl = st.per_step * weighted_window_steps(st.w, x.num_steps)
             mean_w = float(np.minimum(wl, np.maximum(per_unit, 1)).mean()) if len(wl) else 1.0
             return rl_of_strategy(x.n, x.strategy, tile=max(1, round(mean_w)))
         return rl_of_strategy(
