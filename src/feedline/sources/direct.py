@@ -27,9 +27,9 @@ from .base import RawBatch, Source, SourceContext, register_source
 class _Window:
     """One read operation in flight or loaded, indexed by step."""
 
-    __slots__ = ("buf", "future", "ids", "lo", "op", "size", "src", "steps")
+    __slots__ = ("base", "buf", "future", "ids", "lo", "op", "size", "src", "steps")
 
-    def __init__(self, op, reader: ExtentReader) -> None:
+    def __init__(self, op, reader: ExtentReader, base: np.ndarray) -> None:
         self.op = op
         self.steps = op.steps
         order = np.lexsort((op.slot, op.step))
@@ -38,7 +38,8 @@ class _Window:
         self.size = op.size[order]
         st = op.step[order]
         self.lo = np.searchsorted(st, np.arange(op.steps.start, op.steps.stop + 1))
-        self.buf = np.empty(op.nbytes, dtype=np.uint8)
+        self.base = base  # a buffer of the source's pool, at least op.nbytes long
+        self.buf = base[: op.nbytes]
         reads = ReadList(op.file_ids, op.offsets, op.lengths, _dest(op.lengths))
         self.future = reader.submit(reads, self.buf)
 
@@ -73,6 +74,9 @@ class DirectSource(Source):
         self._ahead = 0
         self._peak_buffer = 0
         self._windows = 0
+        # the buffers of consumed windows, reused by the next ones: a fresh buffer per
+        # window would fault in (and zero) every byte of the epoch once more
+        self._spare: list[np.ndarray] = []
 
     def _threads_for(self, plan) -> int:
         st = plan.strategy
@@ -109,14 +113,27 @@ class DirectSource(Source):
         if op is None:
             return False
         assert self._reader is not None
-        self._live.append(_Window(op, self._reader))
+        fits = [i for i, b in enumerate(self._spare) if b.nbytes >= op.nbytes]
+        if fits:
+            base = self._spare.pop(min(fits, key=lambda i: self._spare[i].nbytes))
+        else:
+            base = np.empty(op.nbytes, dtype=np.uint8)
+        self._live.append(_Window(op, self._reader, base))
         self._windows += 1
-        self._peak_buffer = max(self._peak_buffer, sum(w.buf.nbytes for w in self._live))
+        self._peak_buffer = max(self._peak_buffer, sum(w.base.nbytes for w in self._live))
         return True
+
+    def _release(self, win: _Window) -> None:
+        """A consumed window: wait for its reads, keep its buffer for a later window
+        (as many as are live at once; the largest)."""
+        win.future.result()
+        self._spare.append(win.base)
+        self._spare.sort(key=lambda b: -b.nbytes)
+        del self._spare[1 + self._ahead :]
 
     def get(self, step: int) -> RawBatch:
         while self._live and self._live[0].steps.stop <= step:
-            self._live.popleft().future.result()  # consumed: release its buffer
+            self._release(self._live.popleft())  # consumed: its buffer is free again
         while not self._live or self._live[-1].steps.stop <= step:
             if not self._pull():
                 raise IndexError(f"step {step} is beyond the plan's reads")
@@ -131,7 +148,7 @@ class DirectSource(Source):
         while self._live:
             w = self._live.popleft()
             with contextlib.suppress(Exception):
-                w.future.result()  # never free a buffer the engine still writes
+                self._release(w)  # never reuse a buffer the engine still writes
         self._ops = iter(())
 
     def memory_bytes(self, plan) -> int:
@@ -153,6 +170,7 @@ class DirectSource(Source):
 
     def close(self) -> None:
         self.stop()
+        self._spare.clear()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
