@@ -265,3 +265,41 @@ def test_the_default_loader_mixes_a_class_sorted_lmdb_at_one_rank(tmp_path):
     assert classes_per_batch(ids, labels, 256) >= 9
     assert abs(disk_order_correlation(ids)) <= 0.1
     assert st_["storage_bytes"] / max(st_["storage_ops"], 1) >= 64 * 1024  # large reads
+
+
+def test_the_next_epochs_first_window_is_read_ahead(tmp_path):
+    """While the last window of an epoch is consumed, the per-rank source reads the
+    first window of the next epoch; the next pass adopts it when it is that epoch from
+    step 0 (same bytes as a fresh Loader), and drops it otherwise (a jump, a resume)."""
+    from feedline.dataset import open_dataset
+    from feedline_tools.make import generate
+
+    path = generate("cifar10-bin", str(tmp_path / "d"), samples=3000, progress=False)
+    ds = open_dataset(path, format="records", record_bytes=3073, label_bytes=1)
+    kw = {"seed": 4, "source": "direct", "chunk_bytes": 64 << 10, "window_steps": 8}
+
+    def epoch(ld, e):
+        ld.set_epoch(e)
+        got = [(b.ids.copy(), np.ascontiguousarray(b.data).copy()) for b in ld]
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    with Loader(ds, 100, **kw) as fresh:
+        want = {e: epoch(fresh, e) for e in (1, 2, 5)}
+    with Loader(ds, 100, **kw) as ld:
+        epoch(ld, 0)
+        for e in (1, 2):  # expected: adopted
+            ids, data = epoch(ld, e)
+            assert np.array_equal(ids, want[e][0]) and np.array_equal(data, want[e][1])
+        assert ld.stats()["anticipated_windows"] == 2
+        ids, data = epoch(ld, 5)  # epoch 3 was read ahead: dropped
+        assert np.array_equal(ids, want[5][0]) and np.array_equal(data, want[5][1])
+        assert ld.stats()["anticipated_windows"] == 2
+        ld.set_epoch(6)  # a pass left early drops what it read ahead too
+        it = iter(ld)
+        for _ in range(29):
+            next(it)
+        state = ld.state_dict()
+    with Loader(ds, 100, **kw) as again:
+        again.load_state_dict(state)
+        rest = [b.ids for b in again]
+        assert len(rest) == 1

@@ -7,7 +7,9 @@ holes (w = 1 without coalescing; with ``coalesce_bytes`` w grows until reads rea
 size under the memory cap). This source reads a window into one buffer and cuts each
 step's sub-batch out of it in delivery order. With coalescing and read-ahead it starts
 reading the next window while the current one is consumed (two live windows, as the
-planner sized them). With ``sample_reads`` every record is its own read: ``tf`` reads
+planner sized them), and while the last window of a pass is consumed, the first window
+of the pass the Loader expects next (``anticipate``: the next epoch from step 0), which
+the next ``start`` adopts when its first read is the same (else drops). With ``sample_reads`` every record is its own read: ``tf`` reads
 them one at a time in the caller, ``tf-pre`` on a pool of threads like tf.data's
 AUTOTUNE, ahead of the consumer.
 """
@@ -53,6 +55,14 @@ class _Window:
         return RawBatch(self.ids[a:b], data, self.size[a:b])
 
 
+def _same_op(a, b) -> bool:
+    """Whether two read operations read the same extents into the same places."""
+    if a.steps != b.steps:
+        return False
+    names = ("file_ids", "offsets", "lengths", "ids", "step", "slot", "src", "size")
+    return all(np.array_equal(getattr(a, k), getattr(b, k)) for k in names)
+
+
 def _dest(lengths: np.ndarray) -> np.ndarray:
     dest = np.zeros(len(lengths), dtype=np.int64)
     if len(lengths) > 1:
@@ -77,6 +87,9 @@ class DirectSource(Source):
         # the buffers of consumed windows, reused by the next ones: a fresh buffer per
         # window would fault in (and zero) every byte of the epoch once more
         self._spare: list[np.ndarray] = []
+        self._next_plan: Any = None  # the plan expected after this pass (anticipate)
+        self._spec: _Window | None = None  # its first window, read ahead
+        self._anticipated = 0  # windows read ahead and adopted
 
     def _threads_for(self, plan) -> int:
         st = plan.strategy
@@ -89,9 +102,14 @@ class DirectSource(Source):
     def start(self, plan, first_step: int) -> None:
         from ..plan.reads import iter_reads, window_steps
 
+        spec, self._spec = self._spec, None
         self.stop()
+        self._next_plan = None
         threads = self._threads_for(plan)
         if self._reader is None or threads != self._threads:
+            if spec is not None:  # read by the reader about to close
+                self._drop(spec)
+                spec = None
             if self._reader is not None:
                 self._reader.close()
             self._reader = ExtentReader(
@@ -107,29 +125,66 @@ class DirectSource(Source):
         # read the next window while this one is consumed only when windows span several
         # steps; per-step read-ahead is the Loader's prefetch queue
         self._ahead = 1 if (w > 1 and plan.strategy.prefetch_depth >= 2) else 0
+        if spec is not None:
+            first = next(self._ops, None) if first_step == 0 else None
+            if first is not None and _same_op(first, spec.op):
+                self._live.append(spec)  # already read (or being read): adopt it
+                self._anticipated += 1
+            else:
+                self._drop(spec)
+                self._ops = iter_reads(plan, self.ctx.rank)
+
+    def anticipate(self, next_plan) -> None:
+        self._next_plan = next_plan
+
+    def _speculate(self) -> None:
+        """The pass's reads are all submitted: start reading the first window of the
+        pass expected next (best effort: any error only means nothing read ahead)."""
+        make, self._next_plan = self._next_plan, None
+        if make is None or self._reader is None:
+            return
+        from ..plan.reads import iter_reads
+
+        try:
+            op = next(iter_reads(make(), self.ctx.rank), None)
+        except Exception:
+            return
+        if op is not None:
+            self._spec = _Window(op, self._reader, self._buffer(op.nbytes))
+
+    def _drop(self, win: _Window) -> None:
+        """A window read ahead for nothing: wait for its reads, keep its buffer."""
+        with contextlib.suppress(Exception):
+            win.future.result()
+            self._keep(win.base)
 
     def _pull(self) -> bool:
         op = next(self._ops, None)
         if op is None:
             return False
         assert self._reader is not None
-        fits = [i for i, b in enumerate(self._spare) if b.nbytes >= op.nbytes]
-        if fits:
-            base = self._spare.pop(min(fits, key=lambda i: self._spare[i].nbytes))
-        else:
-            base = np.empty(op.nbytes, dtype=np.uint8)
-        self._live.append(_Window(op, self._reader, base))
+        self._live.append(_Window(op, self._reader, self._buffer(op.nbytes)))
         self._windows += 1
         self._peak_buffer = max(self._peak_buffer, sum(w.base.nbytes for w in self._live))
         return True
 
-    def _release(self, win: _Window) -> None:
-        """A consumed window: wait for its reads, keep its buffer for a later window
-        (as many as are live at once; the largest)."""
-        win.future.result()
-        self._spare.append(win.base)
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """The smallest spare buffer of at least *nbytes*, or a new one."""
+        fits = [i for i, b in enumerate(self._spare) if b.nbytes >= nbytes]
+        if fits:
+            return self._spare.pop(min(fits, key=lambda i: self._spare[i].nbytes))
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def _keep(self, buf: np.ndarray) -> None:
+        """Keep *buf* for a later window (as many as are live at once; the largest)."""
+        self._spare.append(buf)
         self._spare.sort(key=lambda b: -b.nbytes)
         del self._spare[1 + self._ahead :]
+
+    def _release(self, win: _Window) -> None:
+        """A consumed window: wait for its reads, keep its buffer for a later window."""
+        win.future.result()
+        self._keep(win.base)
 
     def get(self, step: int) -> RawBatch:
         while self._live and self._live[0].steps.stop <= step:
@@ -137,14 +192,26 @@ class DirectSource(Source):
         while not self._live or self._live[-1].steps.stop <= step:
             if not self._pull():
                 raise IndexError(f"step {step} is beyond the plan's reads")
-        while len(self._live) < 1 + self._ahead and self._pull():
-            pass
+        while len(self._live) < 1 + self._ahead:
+            if not self._pull():
+                if self._next_plan is not None and self._ahead:
+                    self._speculate()  # the last window is live: read the next pass's first
+                break
         win = self._live[0]
         if step not in win.steps:  # pragma: no cover - windows are consecutive
             raise IndexError(f"step {step} not in window {win.steps}")
         return win.take(step)
 
+    def finish(self) -> None:
+        """Every step delivered: release the windows, keep the one read ahead."""
+        spec, self._spec = self._spec, None
+        self.stop()
+        self._spec = spec
+
     def stop(self) -> None:
+        spec, self._spec = self._spec, None
+        if spec is not None:
+            self._drop(spec)
         while self._live:
             w = self._live.popleft()
             with contextlib.suppress(Exception):
@@ -166,6 +233,7 @@ class DirectSource(Source):
         st = self._reader.stats() if self._reader is not None else {}
         st["buffer_bytes"] = self._peak_buffer
         st["read_windows"] = self._windows
+        st["anticipated_windows"] = self._anticipated
         return st
 
     def close(self) -> None:
