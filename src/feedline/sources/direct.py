@@ -7,9 +7,10 @@ holes (w = 1 without coalescing; with ``coalesce_bytes`` w grows until reads rea
 size under the memory cap). This source reads a window into one buffer and cuts each
 step's sub-batch out of it in delivery order. With coalescing and read-ahead it starts
 reading the next window while the current one is consumed (two live windows, as the
-planner sized them), and while the last window of a pass is consumed, the first window
-of the pass the Loader expects next (``anticipate``: the next epoch from step 0), which
-the next ``start`` adopts when its first read is the same (else drops). With ``sample_reads`` every record is its own read: ``tf`` reads
+planner sized them), and while the last window of a pass is consumed, the windows of
+the first w steps of the pass the Loader expects next (``anticipate``: the next epoch
+from step 0; at most one full window of bytes, the read-ahead's own room), which the next
+``start`` adopts as long as its reads are the same (and drops from the first that is not). With ``sample_reads`` every record is its own read: ``tf`` reads
 them one at a time in the caller, ``tf-pre`` on a pool of threads like tf.data's
 AUTOTUNE, ahead of the consumer.
 """
@@ -17,6 +18,7 @@ AUTOTUNE, ahead of the consumer.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import deque
 from typing import Any
 
@@ -88,7 +90,7 @@ class DirectSource(Source):
         # window would fault in (and zero) every byte of the epoch once more
         self._spare: list[np.ndarray] = []
         self._next_plan: Any = None  # the plan expected after this pass (anticipate)
-        self._spec: _Window | None = None  # its first window, read ahead
+        self._spec: list[_Window] = []  # its first windows, read ahead
         self._anticipated = 0  # windows read ahead and adopted
 
     def _threads_for(self, plan) -> int:
@@ -102,14 +104,14 @@ class DirectSource(Source):
     def start(self, plan, first_step: int) -> None:
         from ..plan.reads import iter_reads, window_steps
 
-        spec, self._spec = self._spec, None
+        spec, self._spec = self._spec, []
         self.stop()
         self._next_plan = None
         threads = self._threads_for(plan)
         if self._reader is None or threads != self._threads:
-            if spec is not None:  # read by the reader about to close
-                self._drop(spec)
-                spec = None
+            for win in spec:  # read by the reader about to close
+                self._drop(win)
+            spec = []
             if self._reader is not None:
                 self._reader.close()
             self._reader = ExtentReader(
@@ -125,32 +127,44 @@ class DirectSource(Source):
         # read the next window while this one is consumed only when windows span several
         # steps; per-step read-ahead is the Loader's prefetch queue
         self._ahead = 1 if (w > 1 and plan.strategy.prefetch_depth >= 2) else 0
-        if spec is not None:
-            first = next(self._ops, None) if first_step == 0 else None
-            if first is not None and _same_op(first, spec.op):
-                self._live.append(spec)  # already read (or being read): adopt it
+        if spec and first_step == 0:
+            ops = iter_reads(plan, self.ctx.rank)
+            while spec:
+                op = next(ops, None)
+                if op is None or not _same_op(op, spec[0].op):
+                    break
+                self._live.append(spec.pop(0))  # read (or being read): adopt it
                 self._anticipated += 1
-            else:
-                self._drop(spec)
-                self._ops = iter_reads(plan, self.ctx.rank)
+            if not spec:
+                self._ops = ops
+            elif self._live:  # adopted some: the next op is the one that differed
+                self._ops = itertools.chain([op] if op is not None else [], ops)
+        for win in spec:
+            self._drop(win)
 
     def anticipate(self, next_plan) -> None:
         self._next_plan = next_plan
 
     def _speculate(self) -> None:
-        """The pass's reads are all submitted: start reading the first window of the
+        """The pass's reads are all submitted: start reading the first windows of the
         pass expected next (best effort: any error only means nothing read ahead)."""
         make, self._next_plan = self._next_plan, None
         if make is None or self._reader is None:
             return
-        from ..plan.reads import iter_reads
+        from ..plan.reads import iter_reads, window_steps
 
         try:
-            op = next(iter_reads(make(), self.ctx.rank), None)
+            nxt = make()
+            steps = window_steps(nxt)
+            # the read-ahead's room: a full window (the widest buffer of this pass)
+            room = max([b.nbytes for b in self._spare] + [x.base.nbytes for x in self._live])
+            for op in iter_reads(nxt, self.ctx.rank):
+                if op.steps.start >= steps or op.nbytes > room:
+                    break  # the first w steps, in the room of one window
+                room -= op.nbytes
+                self._spec.append(_Window(op, self._reader, self._buffer(op.nbytes)))
         except Exception:
             return
-        if op is not None:
-            self._spec = _Window(op, self._reader, self._buffer(op.nbytes))
 
     def _drop(self, win: _Window) -> None:
         """A window read ahead for nothing: wait for its reads, keep its buffer."""
@@ -195,7 +209,7 @@ class DirectSource(Source):
         while len(self._live) < 1 + self._ahead:
             if not self._pull():
                 if self._next_plan is not None and self._ahead:
-                    self._speculate()  # the last window is live: read the next pass's first
+                    self._speculate()  # the last window is live: read the next pass's first ones
                 break
         win = self._live[0]
         if step not in win.steps:  # pragma: no cover - windows are consecutive
@@ -204,14 +218,14 @@ class DirectSource(Source):
 
     def finish(self) -> None:
         """Every step delivered: release the windows, keep the one read ahead."""
-        spec, self._spec = self._spec, None
+        spec, self._spec = self._spec, []
         self.stop()
         self._spec = spec
 
     def stop(self) -> None:
-        spec, self._spec = self._spec, None
-        if spec is not None:
-            self._drop(spec)
+        spec, self._spec = self._spec, []
+        for win in spec:
+            self._drop(win)
         while self._live:
             w = self._live.popleft()
             with contextlib.suppress(Exception):
