@@ -92,6 +92,7 @@ class DirectSource(Source):
         self._next_plan: Any = None  # the plan expected after this pass (anticipate)
         self._spec: list[_Window] = []  # its first windows, read ahead
         self._anticipated = 0  # windows read ahead and adopted
+        self._exhausted = False  # every read operation of the pass was pulled
 
     def _threads_for(self, plan) -> int:
         st = plan.strategy
@@ -123,6 +124,7 @@ class DirectSource(Source):
             self._threads = threads
         self._plan = plan
         self._ops = iter_reads(plan, self.ctx.rank)
+        self._exhausted = False
         w = window_steps(plan)
         # read the next window while this one is consumed only when windows span several
         # steps; per-step read-ahead is the Loader's prefetch queue
@@ -175,6 +177,7 @@ class DirectSource(Source):
     def _pull(self) -> bool:
         op = next(self._ops, None)
         if op is None:
+            self._exhausted = True
             return False
         assert self._reader is not None
         self._live.append(_Window(op, self._reader, self._buffer(op.nbytes)))
@@ -206,11 +209,14 @@ class DirectSource(Source):
         while not self._live or self._live[-1].steps.stop <= step:
             if not self._pull():
                 raise IndexError(f"step {step} is beyond the plan's reads")
-        while len(self._live) < 1 + self._ahead:
-            if not self._pull():
-                if self._next_plan is not None and self._ahead:
-                    self._speculate()  # the last window is live: read the next pass's first ones
-                break
+        while len(self._live) < 1 + self._ahead and self._pull():
+            pass
+        # the last window is live: once its reads are done (so as never to compete with
+        # them), read the first windows of the pass expected next
+        live = self._live
+        last = self._exhausted and len(live) == 1 and self._ahead > 0
+        if self._next_plan is not None and last and live[0].future.done():
+            self._speculate()
         win = self._live[0]
         if step not in win.steps:  # pragma: no cover - windows are consecutive
             raise IndexError(f"step {step} not in window {win.steps}")
