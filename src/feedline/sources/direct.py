@@ -160,11 +160,19 @@ class DirectSource(Source):
             steps = window_steps(nxt)
             # the read-ahead's room: a full window (the widest buffer of this pass)
             room = max([b.nbytes for b in self._spare] + [x.base.nbytes for x in self._live])
+            ops = []
             for op in iter_reads(nxt, self.ctx.rank):
                 if op.steps.start >= steps or op.nbytes > room:
                     break  # the first w steps, in the room of one window
                 room -= op.nbytes
-                self._spec.append(_Window(op, self._reader, self._buffer(op.nbytes)))
+                ops.append(op)
+            # one buffer for them all (a spare one when it fits): one window of memory
+            big = self._buffer(sum(op.nbytes for op in ops)) if ops else None
+            at = 0
+            for op in ops:
+                assert big is not None
+                self._spec.append(_Window(op, self._reader, big[at : at + op.nbytes]))
+                at += op.nbytes
         except Exception:
             return
 
