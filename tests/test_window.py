@@ -304,3 +304,9 @@ def test_the_next_epochs_first_window_is_read_ahead(tmp_path):
         again.load_state_dict(state)
         rest = [b.ids for b in again]
         assert len(rest) == 1
+    with Loader(ds, 100, epochs=2, **kw) as told:  # nothing read ahead past the last
+        for e in range(3):
+            ids, data = epoch(told, e)
+            if e in want:
+                assert np.array_equal(data, want[e][1])
+        assert told.stats()["anticipated_windows"] == 4  # epoch 1's only

@@ -293,8 +293,7 @@ class Loader:
                 self.strategy = self.strategy.replace(readers_per_node=0, region="rank")
 
     def explain(self) -> str:
-        """The cost model's estimate for this Loader's plan and the runners-up
-        (``feedline`` preset; see ``feedline plan --explain``)."""
+        """The cost model's estimate of this Loader's plan and the runners-up."""
         if self.choice is None:
             return f"preset {self.preset!r} is fixed; no cost model ran"
         return self.choice.explain()
@@ -479,7 +478,8 @@ class Loader:
         plan = self._plan(self._epoch, self._step, self._chain)
         first = self._step
         self._source.start(plan, first)
-        self._source.anticipate(_following(self, self._epoch + 1))
+        if self.options.epochs is None or self._epoch + 1 < self.options.epochs:
+            self._source.anticipate(_following(self, self._epoch + 1))  # not past the last
         depth = int(self.strategy.prefetch_depth)
         if self._pool is None and not inline_run(self._source, depth):
             self._pool = ThreadPoolExecutor(

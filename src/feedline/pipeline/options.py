@@ -87,7 +87,8 @@ class PipelineOptions:
     epochs : int or None
         Epochs the job means to read, told to the ``feedline`` preset's cost model: the
         DeepIO store (which pays its load in the first epoch) is weighed over that many
-        (None: unknown, 3). A hint, not a limit: the Loader reads as many as asked.
+        (None: unknown, 3), and nothing is read ahead for the epoch after the last one.
+        A hint, not a limit: the Loader reads as many as asked.
     """
 
     shuffle: bool = True

@@ -719,9 +719,10 @@ _LOADER_STATS = {
 class LoaderRunner:
     """``feedline.Loader(ds, batch_size, preset=<arg>, decode=False, comm=comm, epochs=1)``.
 
-    A run reads one epoch, and the Loader is told so (``epochs=1``, unless the runner's
-    options say otherwise): the ``feedline`` preset's cost model then weighs the DeepIO
-    store's load against this one epoch, as it would for a job that reads its data once.
+    A run reads ``self.epochs`` epochs (one here; subclasses read more), and the Loader
+    is told so (``epochs=``, unless the runner's options say otherwise): the ``feedline``
+    preset's cost model weighs the DeepIO store's load over them, as it would for a job
+    that reads its data that many times, and nothing is read ahead past the last.
     Exposed I/O is the time the consumer waits in ``next()``; seek/io seconds, storage
     bytes/ops and RL come from ``loader.stats()`` when it reports them.
     """
@@ -729,6 +730,7 @@ class LoaderRunner:
     def __init__(self, arg: str | None = None, **options: Any) -> None:
         self.preset = arg or "feedline"
         self.options = options
+        self.epochs = 1
         self._loader: Any = None
 
     def prepare(self, ctx: RunContext) -> None:
@@ -749,7 +751,7 @@ class LoaderRunner:
             seed=ctx.seed,
             comm=ctx.comm,
             decode=False,
-            **{"epochs": 1, **self.options},
+            **{"epochs": self.epochs, **self.options},
         )
         return self._loader
 
