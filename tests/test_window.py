@@ -89,7 +89,10 @@ def test_the_first_window_is_cut_finer(w, steps):
         ]
         for op in ops:
             read = np.concatenate(
-                [np.arange(o // 100, (o + n) // 100) for o, n in zip(op.offsets, op.lengths)]
+                [
+                    np.arange(o // 100, (o + n) // 100)
+                    for o, n in zip(op.offsets, op.lengths, strict=True)
+                ]
             )
             assert set(op.ids.tolist()) <= set(read.tolist())
 
