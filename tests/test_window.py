@@ -291,6 +291,11 @@ def test_the_next_epochs_first_window_is_read_ahead(tmp_path):
     with Loader(ds, 100, **kw) as ld:
         epoch(ld, 0)
         for e in (1, 2):  # expected: adopted
+            src = ld._source  # between epochs: what it read ahead and one spare buffer,
+            # no more than the two windows live during the epoch
+            ahead = sum(w.buf.nbytes for w in src._spec)
+            assert ahead and len(src._spare) <= 1
+            assert ahead + sum(b.nbytes for b in src._spare) <= ld.stats()["buffer_bytes"]
             ids, data = epoch(ld, e)
             assert np.array_equal(ids, want[e][0]) and np.array_equal(data, want[e][1])
         # the windows of the first 8 steps (1, 1, 2, 4 steps: one window's bytes)

@@ -7,12 +7,12 @@ holes (w = 1 without coalescing; with ``coalesce_bytes`` w grows until reads rea
 size under the memory cap). This source reads a window into one buffer and cuts each
 step's sub-batch out of it in delivery order. With coalescing and read-ahead it starts
 reading the next window while the current one is consumed (two live windows, as the
-planner sized them), and while the last window of a pass is consumed, the windows of
-the first w steps of the pass the Loader expects next (``anticipate``: the next epoch
-from step 0; at most one full window of bytes, the read-ahead's own room), which the next
-``start`` adopts as long as its reads are the same (and drops from the first that is not). With ``sample_reads`` every record is its own read: ``tf`` reads
-them one at a time in the caller, ``tf-pre`` on a pool of threads like tf.data's
-AUTOTUNE, ahead of the consumer.
+planner sized them). While the last window of a pass is consumed, it reads the windows
+of the first w steps of the pass the Loader expects next (``anticipate``: the next epoch
+from step 0), at most one full window of bytes (the read-ahead's own room); the next
+``start`` adopts them as long as its reads are the same, and drops the rest. With
+``sample_reads`` every record is its own read: ``tf`` reads them one at a time in the
+caller, ``tf-pre`` on a pool of threads like tf.data's AUTOTUNE, ahead of the consumer.
 """
 
 from __future__ import annotations
@@ -201,10 +201,12 @@ class DirectSource(Source):
         return np.empty(nbytes, dtype=np.uint8)
 
     def _keep(self, buf: np.ndarray) -> None:
-        """Keep *buf* for a later window (as many as are live at once; the largest)."""
+        """Keep *buf* for a later window, the largest first, so that the windows live,
+        read ahead and kept are never more than the plan's live windows."""
         self._spare.append(buf)
         self._spare.sort(key=lambda b: -b.nbytes)
-        del self._spare[1 + self._ahead :]
+        room = 1 + self._ahead - len(self._live) - (1 if self._spec else 0)
+        del self._spare[max(room, 0) :]
 
     def _release(self, win: _Window) -> None:
         """A consumed window: wait for its reads, keep its buffer for a later window."""
@@ -231,15 +233,16 @@ class DirectSource(Source):
         return win.take(step)
 
     def finish(self) -> None:
-        """Every step delivered: release the windows, keep the one read ahead."""
-        spec, self._spec = self._spec, []
-        self.stop()
-        self._spec = spec
+        """Every step delivered: release the windows, keep those read ahead."""
+        self._release_live()
 
     def stop(self) -> None:
         spec, self._spec = self._spec, []
         for win in spec:
             self._drop(win)
+        self._release_live()
+
+    def _release_live(self) -> None:
         while self._live:
             w = self._live.popleft()
             with contextlib.suppress(Exception):
