@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from .extents import merge_extents
-from .reads import _unit_positions, window_cap, window_steps
+from .reads import _unit_positions, window_cap, window_steps, windows
 from .rl import randomization_level
 
 MMAP_PAGE = 4096
@@ -67,14 +67,13 @@ def unit_extents(plan, unit: int) -> UnitExtents:
         return _window_unit_extents(plan, unit)
     w = window_steps(plan)
     nsteps = plan.num_steps - plan.first_step
-    nwin = -(-nsteps // w)
+    wins = windows(plan)
     per_unit = plan.n // max(plan.world.nodes if s.aggregated else plan.world.size, 1)
-    if nwin > SAMPLED_WINDOWS and per_unit > EXACT_UNIT_SAMPLES:
-        picked = np.unique(np.linspace(0, nwin - 1, SAMPLED_WINDOWS).round().astype(np.int64))
+    if len(wins) > SAMPLED_WINDOWS and per_unit > EXACT_UNIT_SAMPLES:
+        picked = np.linspace(0, len(wins) - 1, SAMPLED_WINDOWS).round().astype(np.int64)
         parts, seen = [], 0
-        for j in picked.tolist():
-            lo = plan.first_step + j * w
-            steps = range(lo, min(lo + w, plan.num_steps))
+        for j in np.unique(picked).tolist():
+            steps = wins[j]
             parts.append(_unit_extents(plan, unit, steps, w))
             seen += len(steps)
         return _concat(parts, nsteps / seen)  # by steps: the last window may be short
@@ -109,7 +108,12 @@ def _unit_extents(plan, unit: int, steps: range, w: int) -> UnitExtents:
     pos, step, _ = _unit_positions(plan, unit, steps)
     ids = plan.ids_at(pos)
     fid, off, ln = plan.records.extents(ids)
-    window = (step - steps.start) // w
+    bounds = getattr(plan._stream, "bounds", None) if s.assignment == "window" else None
+    if bounds is not None:  # the window shuffle's windows (the first w steps cut finer)
+        window = np.searchsorted(bounds, step, side="right") - 1
+        window -= int(window.min()) if len(window) else 0
+    else:
+        window = (step - steps.start) // w
     order = np.lexsort((off, fid, window))
     window, fid, off, ln = window[order], fid[order], off[order], ln[order]
     if s.aggregated:
