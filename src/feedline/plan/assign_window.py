@@ -38,10 +38,9 @@ def window_bounds(w: int, steps: int) -> np.ndarray:
     """The first step of every window of an epoch of *steps* steps with windows of *w*:
     0, w/8, w/4, w/2 (the first window cut finer, so less is read before the first batch),
     then every multiple of w. Sorted, unique, all < *steps* (at least ``[0]``)."""
-    w = max(1, int(w))
-    head = {0, w >> 3, w >> 2, w >> 1}
-    b = np.array(sorted(head | set(range(w, max(int(steps), 1), w))), dtype=np.int64)
-    return b[b < max(int(steps), 1)]
+    w, steps = max(1, int(w)), max(int(steps), 1)
+    b = np.union1d([0, w >> 3, w >> 2, w >> 1], np.arange(w, steps, w, dtype=np.int64))
+    return b[b < steps].astype(np.int64)
 
 
 def window_sizes(w: int, steps: int) -> np.ndarray:
@@ -97,8 +96,6 @@ class WindowStream:
         self.starts = np.asarray(self.starts, dtype=np.int64)
         #: samples a unit consumes per full step
         self.per_step = np.diff(even_start(B, P, firsts)).astype(np.int64)
-        #: samples per (full) window of each unit
-        self.window_len = np.maximum(self.per_step * self.w, 1)
         #: the first step of every window (:func:`window_bounds`)
         self.bounds = window_bounds(self.w, S)
         # where each window ends, in steps (the last: past every position of a unit)

@@ -604,6 +604,16 @@ class Choice:
         }
 
 
+def _window_rl(sh: Shape, c: Estimate) -> float:
+    """RL of a ``window`` candidate: its windows (the first w steps cut finer, weighted
+    by the samples they hold) as contiguous groups shuffled locally, a lower bound."""
+    from .rl import rl_grouped
+
+    _, _, mean_unit = unit_geometry(sh, c.unit)
+    ww = weighted_window_steps(c.window_steps, sh.steps)
+    return rl_grouped(sh.n, max(1, round(mean_unit * ww)), local_shuffle=True)
+
+
 def choose(
     records,
     world: WorldSpec,
@@ -649,7 +659,6 @@ def choose(
         once (``epochs=1``) the store's load is the whole epoch's cost, so it wins only
         where loading beats reading windows.
     """
-    from .rl import rl_grouped
     from .store_cost import EPOCH_HORIZON, FRACTIONS, store_candidate
     from .strategy import PRESETS
 
@@ -707,9 +716,7 @@ def choose(
     best = None
     for c in ok:
         if c.unit != "store":  # the store's RL is its own (rl_memory)
-            _U, _, mean_unit = unit_geometry(sh, c.unit)
-            ww = weighted_window_steps(c.window_steps, sh.steps)
-            c.rl = rl_grouped(sh.n, max(1, round(mean_unit * ww)), local_shuffle=True)
+            c.rl = _window_rl(sh, c)
         assert c.rl is not None
         if c.rl + 1e-12 >= base.rl_floor:
             best = c
@@ -726,9 +733,7 @@ def choose(
             )
         for c in fits:
             if c.rl is None:
-                _, _, mean_unit = unit_geometry(sh, c.unit)
-                ww = weighted_window_steps(c.window_steps, sh.steps)
-                c.rl = rl_grouped(sh.n, max(1, round(mean_unit * ww)), local_shuffle=True)
+                c.rl = _window_rl(sh, c)
         best = max(fits, key=lambda c: (round(c.rl or 0.0, 6), -c.cost))
     strategy = base.replace(auto=False, **best.knobs)
     return Choice(strategy, best, cands, prof, sh, store_off)

@@ -211,7 +211,7 @@ def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float
     from .strategy import Strategy
 
     if isinstance(x, Plan):
-        if x.strategy.assignment == "window" and hasattr(x._stream, "window_len"):
+        if x.strategy.assignment == "window" and hasattr(x._stream, "bounds"):
             from .assign_window import weighted_window_steps
 
             st = x._stream
