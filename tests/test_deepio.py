@@ -13,7 +13,15 @@ from feedline import ConfigError
 from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
 from feedline.plan.cost import PROFILES, estimate, shape_of
 from feedline.plan.rl import randomization_level, rl_memory
-from feedline.plan.store_cost import EPOCH_HORIZON, store_candidate, store_estimate
+from feedline.plan.store_cost import (
+    EPOCH_HORIZON,
+    FABRIC,
+    LOAD_UNIT_BYTES,
+    MAX_LOAD_ROUNDS,
+    load_rounds_for,
+    store_candidate,
+    store_estimate,
+)
 from feedline.sources.store import _Rounds, _share
 
 
@@ -98,22 +106,38 @@ def test_store_estimate_terms():
     later = store_estimate(sh, prof, 1.0, epoch=1)
     half = store_estimate(sh, prof, 0.5, epoch=1)
     opp = store_estimate(sh, prof, 1.0, mode="opportunistic", epoch=1)
-    # R = 1: the whole load is exposed before the first batch, and counted once
+    # R = 1, 78 MB per rank: loaded progressively, in K rounds of random 512 KiB units
+    # (load_rounds_for): the first batch waits for one round, the others overlap, each
+    # load counted once; the first epoch's order is memory(1/K)'s, its RL above the floor
+    K, g = load_rounds_for(sh, 0.9)
+    assert K == MAX_LOAD_ROUNDS and g == -(-LOAD_UNIT_BYTES // 3072)
+    assert first.figures["load_rounds"] == K and first.knobs["load_rounds"] == K
+    assert first.knobs["chunk"] == g and first.windows_per_unit == K
     assert not first.rejected and first.terms["first_window"] > 0 and first.bytes > 0
-    assert first.terms["transfer"] == first.terms["latency"] == 0
+    touch = first.memory_per_node * 4 / 8 / FABRIC.touch_bw
+    rest = first.terms["latency"] + first.terms["transfer"]
+    assert rest == pytest.approx((K - 1) * (first.terms["first_window"] - touch))
     assert later.terms["first_window"] == later.terms["transfer"] == 0 == later.bytes  # in memory
+    # too small to cut (1 MiB per rank): one load, the whole of it before the first batch
+    tiny = shape_of(FlatRecords(2_048, 3072), WorldSpec(8, 4), 256, 2_500_000_000)
+    assert load_rounds_for(tiny, 0.9) == (0, 0)
+    one = store_estimate(tiny, prof, 1.0, epoch=0)
+    assert one.terms["transfer"] == one.terms["latency"] == 0 < one.terms["first_window"]
+    assert one.rl == pytest.approx(1.0) and one.knobs["load_rounds"] == 0
     # R < 1 reloads every epoch: round 1 exposed, round 2 overlapped
     assert half.terms["transfer"] > 0 and half.windows_per_unit == 2
     overlapped = half.terms["latency"] + half.terms["transfer"]
     assert overlapped == pytest.approx(half.terms["first_window"], rel=1e-9)
-    assert half.memory_per_node == pytest.approx(1.02 * later.memory_per_node)  # 2R = 1, + 2%
-    assert later.memory_per_node == pytest.approx(sh.n * sh.mean_len * sh.span / 4)
+    # 2R = 1, + 2%; a progressive R = 1 keeps its K slots, + 2%
+    assert half.memory_per_node == pytest.approx(later.memory_per_node)
+    assert later.memory_per_node == pytest.approx(1.02 * sh.n * sh.mean_len * sh.span / 4)
     assert opp.figures["remote_gets"] == 0 < later.figures["remote_gets"]
     assert opp.terms["serve"] < later.terms["serve"]
-    assert opp.rl < later.rl == pytest.approx(1.0)
+    assert opp.rl < later.rl == pytest.approx(rl_memory(sh.n, 1 / K, unit=g))
+    assert later.rl > 0.9
     # the first epoch pays the load on top of what every epoch pays; comparable with a
     # window candidate's estimate (same Estimate, same term names)
-    load = first.terms["first_window"]
+    load = first.terms["first_window"] + rest
     assert first.cost == pytest.approx(later.cost + load + first.terms["coordination"])
     # the candidate the chooser compares: its mean cost over EPOCH_HORIZON epochs
     cand = store_candidate(sh, prof, 1.0)
@@ -154,7 +178,10 @@ def test_chooser_takes_the_store_when_it_fits_and_pays(P, M, profile):
     assert c.strategy.assignment == "memory" and c.strategy.memory_fraction == 1.0
     assert not c.strategy.auto and c.strategy.readers_per_node == 0
     f = c.best.figures
-    assert f["later_epoch_s"] < f["first_epoch_s"] and c.best.rl == pytest.approx(1.0)
+    K, g = c.strategy.load_rounds, c.strategy.chunk
+    assert K > 1 and f["load_rounds"] == K  # its first epoch loads progressively
+    assert f["later_epoch_s"] < f["first_epoch_s"]
+    assert c.best.rl == pytest.approx(rl_memory(50_000, 1 / K, unit=g)) and c.best.rl >= 0.9
     win = c.runner_up
     assert win is not None and win.unit != "store" and c.best.cost < win.cost
     text = c.explain()

@@ -414,3 +414,46 @@ def test_epochs_at_the_benchmarks_scale():
         c = choose(*args, epochs=e)
         assert c.best.unit == "store" and c.best.figures["horizon"] == 3
         assert "over 3 epochs" in c.explain()
+
+
+@pytest.mark.parametrize("preset", ["deepio-ordered", "deepio-opportunistic"])
+def test_progressive_first_epoch_waits_for_one_round_and_keeps_them_all(cifar, preset):
+    """load_rounds=4 at R = 1: epoch 0 is memory(1/4)'s order, its first batch waits for
+    the first round only, the other rounds load while it is served and stay in memory;
+    later epochs are full permutations that read nothing; a state taken mid-epoch 0
+    resumes bit-exact in a Loader that has loaded nothing yet."""
+    from feedline.plan.rl import rl_memory
+
+    ds = open_dataset(cifar)
+    kw = {"load_rounds": 4, "chunk": 16, "seed": 5, "decode": False}
+    with (
+        Loader(ds, 32, preset=preset, **kw) as st,
+        Loader(ds, 32, preset=preset, source="direct", **kw) as ref,
+    ):
+        it = iter(st)
+        first = next(it)
+        assert st.stats()["rounds_loaded"] == 1  # only the first round before batch 1
+        got = [(first.ids.copy(), np.ascontiguousarray(first.data).copy())]
+        got += [(b.ids.copy(), np.ascontiguousarray(b.data).copy()) for b in it]
+        assert _same(got, _epoch(ref))
+        assert np.array_equal(np.sort(np.concatenate([g[0] for g in got])), np.arange(len(ds)))
+        s = st.stats()
+        assert s["rounds_loaded"] == 4 and s["storage_bytes"] > 0
+        loaded = s["storage_bytes"]
+        assert s["rl"] == pytest.approx(rl_memory(len(ds), 0.25, unit=16)) and s["rl"] < 1
+        for e in (1, 2):
+            st.set_epoch(e)
+            ref.set_epoch(e)
+            assert _same(_epoch(st), _epoch(ref))
+        assert st.stats()["storage_bytes"] == loaded  # from memory
+        assert st.stats()["rounds_loaded"] == 4
+        assert st.stats()["rl"] == pytest.approx(1.0)
+        st.set_epoch(0)
+        it = iter(st)
+        for _ in range(5):
+            next(it)
+        state = st.state_dict()
+        rest = [(b.ids.copy(), np.ascontiguousarray(b.data).copy()) for b in it]
+    with Loader(ds, 32, preset=preset, **kw) as again:
+        again.load_state_dict(state)
+        assert _same(_epoch(again), rest)

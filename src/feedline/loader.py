@@ -194,7 +194,7 @@ class Loader:
         self._run: EpochRun | None = None
         self._pool: ThreadPoolExecutor | None = None  # decode/transform workers, all passes
         self._run_first: int = 0
-        self._rl: float | None = None
+        self._rl: dict[int, float] = {}
         self._resumed: bool = False
         self._fingerprint: str | None = None
         self._lock = threading.Lock()
@@ -674,15 +674,15 @@ class Loader:
             "ctx_switches_involuntary": int(ru.ru_nivcsw - self._ru0.ru_nivcsw),
             "memory_cap_bytes": self.memory_cap,
         }
-        if self._rl is None:  # DeepIO's randomization level of this strategy's orders
+        e = min(self._epoch, 1)  # DeepIO's RL of the orders (a progressive store's epoch 0 own)
+        if e not in self._rl:
             try:
                 from .plan.rl import randomization_level
 
-                self._rl = float(randomization_level(self._plan(self._epoch)))
+                self._rl[e] = float(randomization_level(self._plan(self._epoch)))
             except (ImportError, ConfigError, ValueError):
-                self._rl = float("nan")
-        if self._rl == self._rl:  # not NaN
-            out["rl"] = self._rl
+                self._rl[e] = float("nan")
+        out.update({"rl": self._rl[e]} if self._rl[e] == self._rl[e] else {})  # not NaN
         with contextlib.suppress(ConfigError):  # pragma: no cover - checked at construction
             out["memory_estimate_bytes"] = self.memory_estimate()["total"]
         for k, v in self._source.stats().items():

@@ -105,10 +105,19 @@ elif mode == "exact":
     # both modes, R = 1 and R < 1: the store delivers its plan (what reading for itself
     # delivers), every sample exactly once per epoch, and a resume mid-epoch is bit-exact;
     # the opportunistic mode serves from this rank's memory what the ordered one fetches
+    # (R, load_rounds): R = 1 loaded at once, R < 1 in rounds, R = 1 loaded progressively
+    # (epoch 0 in 3 rounds, all kept)
+    configs = ((1.0, 0), (0.3, 0), (1.0, 3))
     gets = {}
     for preset in ("deepio-ordered", "deepio-opportunistic"):
-        for R in (1.0, 0.3):
-            kw = {"memory_fraction": R, "seed": 11, "decode": False}
+        for R, K in configs:
+            kw = {
+                "memory_fraction": R,
+                "load_rounds": K,
+                "chunk": 16 if K else 0,
+                "seed": 11,
+                "decode": False,
+            }
             with (
                 Loader(ds, B, preset=preset, **kw) as st,
                 Loader(ds, B, preset=preset, source="direct", **kw) as ref,
@@ -120,21 +129,33 @@ elif mode == "exact":
                     assert got == batches(ref), f"{preset} R={R} epoch {e}: store != direct"
                     once(got)
                 s = st.stats()
-                gets[preset, R] = (
+                if K:  # every round loaded in epoch 0 and kept: epoch 1 read nothing
+                    assert s["rounds_loaded"] == 3, s["rounds_loaded"]
+                gets[preset, R, K] = (
                     comm.allreduce(s["rma_gets"]),
                     comm.allreduce(s["rma_bytes"] + s["node_bytes"]),
                 )
-                st.set_epoch(2)
-                it = iter(st)
-                for _ in range(min(3, len(it) - 1)):
-                    next(it)
-                state = st.state_dict()
-                rest = [(b.ids.tolist(), bytes(np.ascontiguousarray(b.data).tobytes())) for b in it]
-            with Loader(ds, B, preset=preset, **kw) as again:
-                again.load_state_dict(state)
-                assert batches(again) == rest, f"{preset} R={R}: resume differs"
-    for R in (1.0, 0.3):
-        o, p = gets["deepio-ordered", R], gets["deepio-opportunistic", R]
+                states = []
+                for e in (0, 2) if K else (2,):  # progressive: mid-epoch 0 and later
+                    st.set_epoch(e)
+                    it = iter(st)
+                    for _ in range(min(3, len(it) - 1)):
+                        next(it)
+                    states.append(
+                        (
+                            st.state_dict(),
+                            [
+                                (b.ids.tolist(), bytes(np.ascontiguousarray(b.data).tobytes()))
+                                for b in it
+                            ],
+                        )
+                    )
+            for state, rest in states:
+                with Loader(ds, B, preset=preset, **kw) as again:
+                    again.load_state_dict(state)
+                    assert batches(again) == rest, f"{preset} R={R} K={K}: resume differs"
+    for R, K in configs:
+        o, p = gets["deepio-ordered", R, K], gets["deepio-opportunistic", R, K]
         assert p[1] <= o[1] and p[0] <= o[0], (R, o, p)
         if P > 1:
             assert p[1] < o[1], (R, o, p)

@@ -44,6 +44,19 @@ class MemoryStream:
         hi = np.where(hi_slot >= self.slots.groups, self.n, self.slots.slot_start(hi_slot))
         return lo, hi
 
+    def round_ids(self, r: int) -> np.ndarray:
+        """Round *r*'s sample ids, sorted: the units (groups of g contiguous samples) of
+        its slots, so one permutation per unit, not per sample."""
+        lo = r * self.per_round
+        hi = min(lo + self.per_round, self.slots.groups)
+        groups = np.sort(self.slots.group_at(np.arange(lo, hi, dtype=np.int64)))
+        sizes = self.slots.size_of_group(groups).astype(np.int64)
+        starts = groups * self.g
+        ends = np.cumsum(sizes)
+        ids = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+        ids += np.repeat(starts - (ends - sizes), sizes)
+        return ids
+
     def take(self, q: np.ndarray) -> np.ndarray:
         q = np.asarray(q, dtype=np.int64)
         # round of q: slot of q // per_round
@@ -143,6 +156,32 @@ class OpportunisticStream(MemoryStream):
             pos = permute(i2, np.maximum(size[k2], 1), keys)
             out[sel] = self._round_ids(r, start[k2] + pos)
         return out
+
+
+def load_rounds(strategy) -> int:
+    """K > 1 when the DeepIO store loads R = 1 progressively (``load_rounds``: epoch 0
+    is ``memory(1/K)``'s order, every round stays in memory); else 0."""
+    K = int(strategy.load_rounds)
+    progressive = (
+        K > 1
+        and strategy.assignment == "memory"
+        and strategy.memory_fraction >= 1.0
+        and strategy.store in ("ordered", "opportunistic")
+    )
+    return K if progressive else 0
+
+
+def layout_stream(n: int, strategy, seed: int) -> MemoryStream | None:
+    """The rounds a progressive store loads (epoch 0's ``memory(1/K)``, whatever the
+    epoch being served: the store's layout), or None when it loads in one round."""
+    from .plan import epoch_key
+
+    K = load_rounds(strategy)
+    if not K:
+        return None
+    key = epoch_key(int(seed), 0, strategy.assignment)
+    stream = MemoryStream(n, unit_size(n, strategy), 1.0 / K, key)
+    return stream if stream.rounds > 1 else None
 
 
 def _make(n: int, strategy, key: np.uint64, geo, records) -> MemoryStream:

@@ -568,7 +568,13 @@ class Choice:
             f = c.figures
             lines.append(
                 f"{head}: epoch 1 {f['first_epoch_s']:.3f} s (loads {_fmt(c.bytes)} in "
-                f"{c.requests:.0f} requests), later epochs {f['later_epoch_s']:.3f} s "
+                f"{c.requests:.0f} requests"
+                + (
+                    f", in {int(f['load_rounds'])} rounds: the first batch waits for one"
+                    if f.get("load_rounds")
+                    else ""
+                )
+                + f"), later epochs {f['later_epoch_s']:.3f} s "
                 f"(reads {'nothing' if float(c.knobs.get('memory_fraction', 1.0)) >= 1 else 'its rounds again'}"
                 f"; {f['remote_gets']:.0f} remote gets, {_fmt(f['remote_bytes'])} from other "
                 f"nodes), mean {c.cost:.3f} s per epoch over {int(f['horizon'])} epochs; "
@@ -699,7 +705,10 @@ def choose(
     if not store_off:
         mode = base.store if base.store in ("ordered", "opportunistic") else "ordered"
         H = EPOCH_HORIZON if epochs is None else epochs
-        cands += [store_candidate(sh, prof, R, mode=mode, horizon=H) for R in FRACTIONS]
+        cands += [
+            store_candidate(sh, prof, R, mode=mode, horizon=H, rl_floor=base.rl_floor)
+            for R in FRACTIONS
+        ]
     for c in cands:
         if c.rejected or c.unit == "store":
             continue

@@ -280,14 +280,20 @@ def store_load(plan, rank: int) -> tuple[np.ndarray, int]:
     """The DeepIO store's reads of *rank* in *plan*'s epoch (``sources/store.py``): its
     share of every round — the k-th of P equal runs of the round's sorted ids — merged
     across holes of at most the store's gap. Returns (lengths of the merged extents,
-    payload bytes). R = 1 is one round of every id (loaded in the first epoch only)."""
+    payload bytes). R = 1 is one round of every id (loaded in the first epoch only), or
+    the first epoch's K rounds when it loads progressively (``load_rounds``)."""
     from .layout import floor_start
     from .store_cost import STORE_GAP
+
+    from .assign_memory import layout_stream
 
     P, n = plan.world.size, plan.n
     gap = int(plan.strategy.coalesce_gap) or STORE_GAP
     stream = plan._stream
-    if plan.strategy.memory_fraction < 1.0 and hasattr(stream, "round_bounds"):
+    lay = layout_stream(n, plan.strategy, plan.seed)
+    if lay is not None:  # R = 1 loaded progressively: the first epoch's rounds
+        rounds = [lay.round_ids(r) for r in range(lay.rounds)]
+    elif plan.strategy.memory_fraction < 1.0 and hasattr(stream, "round_bounds"):
         r = np.arange(stream.rounds, dtype=np.int64)
         lo, hi = stream.round_bounds(r)
         rounds = [

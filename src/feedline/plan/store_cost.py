@@ -76,12 +76,37 @@ class Fabric:
 FABRIC = Fabric()
 
 
-def store_memory_per_node(sh: Shape, memory_fraction: float) -> float:
+#: a progressive first epoch (``load_rounds``, R = 1) loads in at most this many rounds
+MAX_LOAD_ROUNDS = 16
+#: units a progressive round holds at least: a batch drawn from it sees units from all
+#: over the dataset (a class-sorted dataset's batches still see ~every class)
+MIN_ROUND_UNITS = 32
+#: bytes a rank loads per progressive round at least (its reads stay long)
+MIN_ROUND_BYTES = 2 << 20
+#: bytes of a unit of a progressive load: its reads are of a unit or more
+LOAD_UNIT_BYTES = 512 << 10
+
+
+def load_rounds_for(sh: Shape, rl_floor: float) -> tuple[int, int]:
+    """``(load_rounds, unit samples)`` of the store at R = 1: the first epoch loads in K
+    rounds of random units of about :data:`LOAD_UNIT_BYTES` (its order is
+    ``memory(1/K)``'s, whose RL must reach *rl_floor*) so that its first batch waits for
+    1/K of the load, not all of it; ``(0, 0)``: one load (too small to cut)."""
+    g = max(1, math.ceil(LOAD_UNIT_BYTES / max(sh.mean_len, 1.0)))
+    units = math.ceil(sh.n / g) if sh.n else 0
+    per_rank = sh.n * sh.mean_len / max(sh.ranks, 1)
+    K = min(MAX_LOAD_ROUNDS, units // MIN_ROUND_UNITS, int(per_rank // MIN_ROUND_BYTES))
+    while K > 1 and rl_memory(sh.n, 1.0 / K, unit=g) + 1e-12 < rl_floor:
+        K -= 1
+    return (K, g) if K > 1 else (0, 0)
+
+
+def store_memory_per_node(sh: Shape, memory_fraction: float, load_rounds: int = 0) -> float:
     """Bytes of store per node: R of the dataset (2R when R < 1: a round of whole
-    units, + 2%), over the nodes, with the holes its loads read through (``sh.span``:
-    LMDB's page headers and tails)."""
+    units, + 2%; R = 1 loaded progressively: every round's slot, + 2%), over the nodes,
+    with the holes its loads read through (``sh.span``: LMDB's page headers and tails)."""
     if memory_fraction >= 1.0:
-        held = 1.0
+        held = 1.02 if load_rounds > 1 else 1.0
     else:  # two slots of whole units, each grown 2% for holes (sources/store_plan.py)
         units = max(1, math.ceil(sh.n / _UNIT))
         held = 2.0 * max(1, round(memory_fraction * units)) / units * 1.02
@@ -96,16 +121,20 @@ def store_estimate(
     mode: str = "ordered",
     epoch: int = 1,
     fabric: Fabric = FABRIC,
+    rl_floor: float = 0.9,
 ) -> Estimate:
     """The model's figures for the store at fraction R, for epoch *epoch* (0: the first,
     which loads R = 1; from 1 on R = 1 reads nothing). *mode*: ``ordered`` or
     ``opportunistic`` (its sub-batches come from the rank's own memory: no gets).
+    At R = 1 the first epoch loads progressively when it is large enough
+    (:func:`load_rounds_for`, with *rl_floor*): its first batch waits for one round.
     Rejected (``Estimate.rejected``) when the store does not fit the memory cap."""
     R = float(memory_fraction)
     P, M, B = max(sh.ranks, 1), max(sh.nodes, 1), max(sh.batch, 1)
     payload = sh.n * sh.mean_len
+    K, g = load_rounds_for(sh, rl_floor) if R >= 1.0 else (0, 0)
     est = Estimate("store", 0, 0, 0, {"store": mode, "memory_fraction": R})
-    est.memory_per_node = store_memory_per_node(sh, R)
+    est.memory_per_node = store_memory_per_node(sh, R, K)
     est.window_bytes = int(est.memory_per_node * M / P)
     if est.memory_per_node > sh.cap:
         est.rejected = (
@@ -113,15 +142,15 @@ def store_estimate(
             f"R={R:g}, over the {format_bytes(sh.cap)} left of the cap for reading"
         )
         return est
-    units = max(1, math.ceil(sh.n / _UNIT))
-    per_round = max(1, round(R * units))
+    units = max(1, math.ceil(sh.n / (g or _UNIT)))
+    per_round = max(1, round((1.0 / K if K else R) * units))
     rounds = math.ceil(units / per_round)
     loads = not (R >= 1.0 and epoch >= 1)
     # loads: each rank reads its share of every round; a round's share is a run of its
-    # sorted units (adjacent ones merge): about one read per unit when R < 1, a few
-    # engine-sized requests when R = 1
+    # sorted units (adjacent ones merge): about one read per unit in rounds (R < 1, or
+    # R = 1 progressively), a few engine-sized requests when R = 1 loads at once
     disk = payload * sh.span
-    reqs = (units if R < 1.0 else P) + disk / ENGINE_CHUNK if loads else 0.0
+    reqs = (units if rounds > 1 else P) + disk / ENGINE_CHUNK if loads else 0.0
     ranks_on_node = -(-P // M)
     streams = P * READER_DEPTH
     f = contention_factor(profile, streams)
@@ -164,19 +193,24 @@ def store_estimate(
         "assignment": "memory",
         "store": mode,
         "memory_fraction": R,
+        "load_rounds": K,
         "region": "rank",
         "readers_per_node": 0,
-        "chunk": 0,
+        "chunk": g,
         "chunk_bytes": 0,
         "window_bytes": 0,
         "window_steps": 0,
         "coalesce_bytes": 0,
         "coalesce_gap": 0,
     }
-    est.figures = {"remote_gets": gets, "remote_bytes": remote}
+    # the first epoch's RL (a progressive load's is memory(1/K)'s; later ones are 1)
     est.rl = rl_memory(
-        sh.n, R, unit=min(_UNIT, max(sh.n, 1)), ranks=P if mode == "opportunistic" else 1
+        sh.n,
+        1.0 / K if K else R,
+        unit=min(g or _UNIT, max(sh.n, 1)),
+        ranks=P if mode == "opportunistic" else 1,
     )
+    est.figures = {"remote_gets": gets, "remote_bytes": remote, "load_rounds": K}
     return est
 
 
@@ -188,6 +222,7 @@ def store_candidate(
     mode: str = "ordered",
     horizon: int = EPOCH_HORIZON,
     fabric: Fabric = FABRIC,
+    rl_floor: float = 0.9,
 ) -> Estimate:
     """The store as a candidate of :func:`~feedline.plan.cost.choose`: each term the
     mean over the first *horizon* epochs (the first loads; with R = 1 the later ones
@@ -195,10 +230,11 @@ def store_candidate(
     epoch. ``requests`` and ``bytes`` are the first epoch's (the load); ``figures``
     keeps the first and the later epochs' costs (``first_epoch_s``,
     ``later_epoch_s``) and the remote gets and bytes per epoch."""
-    est = store_estimate(sh, profile, memory_fraction, mode=mode, epoch=0, fabric=fabric)
+    kw = {"mode": mode, "fabric": fabric, "rl_floor": rl_floor}
+    est = store_estimate(sh, profile, memory_fraction, epoch=0, **kw)
     if est.rejected:
         return est
-    later = store_estimate(sh, profile, memory_fraction, mode=mode, epoch=1, fabric=fabric)
+    later = store_estimate(sh, profile, memory_fraction, epoch=1, **kw)
     H = max(1, int(horizon))
     est.figures.update(first_epoch_s=est.cost, later_epoch_s=later.cost, horizon=H)
     est.terms = {k: (v + (H - 1) * later.terms[k]) / H for k, v in est.terms.items()}

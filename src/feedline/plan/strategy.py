@@ -63,6 +63,14 @@ class Strategy:
         on the memory cap (a resumed job with another cap gets the same order).
     memory_fraction : float
         DeepIO's R: the fraction of the dataset held in memory per round (``memory``).
+    load_rounds : int
+        The DeepIO store at R = 1 (``memory`` with ``store`` ordered or opportunistic):
+        K > 1 loads the dataset in K rounds in the first epoch (epoch 0 is
+        ``memory(1/K)``'s order, so its first batch waits for 1/K of the load and the
+        rest loads while it is served); every round stays in memory and the later epochs
+        are full permutations from memory (``docs/deepio.md``, "Progressive first
+        epoch"). 0 or 1: the whole dataset loads before the first batch. The cost
+        model sets it for the ``feedline`` preset.
     readers_per_node : int or None
         k reader ranks per node filling a node shared-memory window; 0: every rank reads
         for itself; None: LMDBIO's rule (1 reader up to 16 ranks per node, 2 beyond).
@@ -112,6 +120,7 @@ class Strategy:
     window_bytes: int = 0
     window_steps: int = 0
     memory_fraction: float = 1.0
+    load_rounds: int = 0
     readers_per_node: int | None = 0
     locate: Locate = "index"
     read: ReadMethod = "pread"
@@ -153,6 +162,7 @@ class Strategy:
             "coalesce_gap",
             "stagger",
             "prefetch_depth",
+            "load_rounds",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")

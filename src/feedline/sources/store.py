@@ -179,7 +179,9 @@ class StoreSource(Source):
         self._stop = threading.Event()
         self._pending: Any = None  # a collective in flight when a get() was stopped
         self._next: _RoundLoad | None = None  # the round being loaded
-        self._placed: Any = None  # the resident key owner/disp describe
+        # the resident keys owner/disp describe (a round's placement writes only its own
+        # ids: the rounds of a progressive store stay placed across passes)
+        self._placed: set[Any] = set()
         self._ids: Any = None  # this rank's ids in the pass, and per-step offsets
         self._offs: Any = None
         self._serve: threading.Thread | None = None
@@ -324,7 +326,7 @@ class StoreSource(Source):
 
     def _invalidate(self) -> None:
         self._resident = [None] * self._nslots
-        self._placed = None
+        self._placed = set()
         self._failed = True
         # nothing more is loaded in this pass: every loop over rounds ends here
         self._hi = self._rounds.last if self._rounds is not None else self._hi
@@ -345,11 +347,18 @@ class StoreSource(Source):
             self._next is None
             and r <= self._rounds.last
             and r - self._nslots < int(self._rounds.step_min[step])
+            and self._resident[r % self._nslots] != self._load_key(r)  # kept (progressive)
         )
 
     def _load_key(self, r: int) -> Any:
+        """What slot r holds once loaded: the whole dataset, a progressive store's round
+        (kept across passes), or this pass's round."""
         assert self._rounds is not None
-        return ("all",) if self._rounds.whole else (self._pass, r)
+        if self._rounds.whole:
+            return ("all",)
+        if self._rounds.progressive:
+            return ("progressive", self._plan.seed, r)
+        return (self._pass, r)
 
     def _begin(self, r: int) -> None:
         """C1, then submit this rank's share of round *r* (resumable at C1)."""
@@ -369,6 +378,7 @@ class StoreSource(Source):
                 raise
             st.stage = 1  # C1 is done: whatever happens below, C2 comes next
             slot = r % self._nslots
+            self._placed.discard(self._resident[slot])  # overwritten from now on
             self._resident[slot] = None
             assert self._rounds is not None
             try:
@@ -385,9 +395,9 @@ class StoreSource(Source):
         key = self._load_key(r)
         if self._next is None and self._resident[slot] == key:
             # R = 1: loaded in an earlier pass and kept
-            if self._placed != key:
+            if key not in self._placed:
                 self._place(self._rounds.ids(r), slot)
-                self._placed = key
+                self._placed.add(key)
             self._hi = r
             return
         self._begin(r)
@@ -414,7 +424,7 @@ class StoreSource(Source):
         if self._rma is not None:
             self._rma.sync()
         self._place(self._rounds.ids(r), slot)
-        self._placed = key
+        self._placed.add(key)
         self._hi = r
         self._st["rounds_loaded"] += 1
 
@@ -510,6 +520,7 @@ class StoreSource(Source):
             self._rma = RmaArray(np.zeros(slot * nslots, dtype=np.uint8))
         self._slot_bytes, self._nslots = slot, nslots
         self._resident = [None] * nslots
+        self._placed = set()
         self._st["store_bytes"] = slot * nslots
 
     def _ensure(self, step: int) -> None:

@@ -22,17 +22,41 @@ _HOLE_MARGIN = 1.02
 
 
 class _Rounds:
-    """The rounds of one plan, in positions of the epoch order, and what each step needs."""
+    """The rounds of one plan, in positions of the epoch order, and what each step needs.
+
+    A progressive store (``load_rounds``, R = 1) holds epoch 0's ``memory(1/K)`` rounds
+    (:func:`~feedline.plan.assign_memory.layout_stream`), one slot each, kept for the
+    later epochs: epoch 0's steps need the rounds their positions lie in; any other
+    pass (a later epoch, or an order rebased for another world) needs them all at its
+    first step.
+    """
 
     def __init__(self, plan) -> None:
+        from ..plan.assign_memory import layout_stream
+
         stream = plan._stream
         self.total = plan.total
-        if hasattr(stream, "round_bounds") and plan._layout == "row" and stream.rounds > 1:
+        lay = layout_stream(plan.n, plan.strategy, plan.seed)
+        self.progressive = lay is not None
+        own = True  # the steps' positions are those of the rounds
+        if lay is not None:
+            self.stream = lay
+            own = (
+                plan.epoch == 0
+                and hasattr(stream, "round_bounds")
+                and getattr(stream, "rounds", 0) == lay.rounds
+            )
+            lo, hi = lay.round_bounds(np.arange(lay.rounds, dtype=np.int64))
+            self.lo = np.asarray(lo, dtype=np.int64)
+            self.hi = np.asarray(hi, dtype=np.int64)
+        elif hasattr(stream, "round_bounds") and plan._layout == "row" and stream.rounds > 1:
+            self.stream = stream
             r = np.arange(stream.rounds, dtype=np.int64)
             lo, hi = stream.round_bounds(r)
             self.lo = np.asarray(lo, dtype=np.int64)
             self.hi = np.asarray(hi, dtype=np.int64)
         else:  # one round: the whole epoch (R = 1, or an order without rounds)
+            self.stream = stream
             self.lo = np.array([0], dtype=np.int64)
             self.hi = np.array([max(plan.n, 1)], dtype=np.int64)
         self.count = len(self.lo)
@@ -43,18 +67,26 @@ class _Rounds:
         last = np.minimum(first + B, plan.total) - 1
         last = np.maximum(last, first)
         if plan.total > plan.n:  # circular: the last step wraps to the start of the order
-            if not self.whole:
+            if not (self.whole or self.progressive):
                 raise ConfigError(
                     "the DeepIO store cannot wrap the last step to the first round "
                     "(circular=True) when memory_fraction < 1: its slot holds another "
                     "round by then; use memory_fraction=1, drop_last=True or circular=False"
                 )
+            # the wrapped positions are the order's first: round 0, loaded first and kept
             first, last = np.minimum(first, plan.n - 1), np.minimum(last, plan.n - 1)
-        self.step_min = np.searchsorted(self.hi, first, side="right")
-        self.step_max = np.searchsorted(self.hi, last, side="right")
+        if own:
+            self.step_min = np.searchsorted(self.hi, first, side="right")
+            self.step_max = np.searchsorted(self.hi, last, side="right")
+        else:  # a progressive store's other passes: every round at the first step
+            self.step_min = np.zeros(len(steps), dtype=np.int64)
+            self.step_max = np.full(len(steps), self.count - 1, dtype=np.int64)
         span = int((self.step_max - self.step_min).max()) + 1 if len(steps) else 1
         self.last = int(self.step_max.max()) if len(steps) else -1  # last round needed
-        self.slots = 1 if self.whole else max(2, span)
+        if self.progressive:
+            self.slots = self.count  # every round kept: R = 1 in the end
+        else:
+            self.slots = 1 if self.whole else max(2, span)
         self._cache: dict[int, np.ndarray] = {}
         self._plan = plan
 
@@ -67,16 +99,7 @@ class _Rounds:
         cached = self._cache.get(r)
         if cached is not None:
             return cached
-        stream = self._plan._stream
-        slots = stream.slots
-        lo = r * stream.per_round
-        hi = min(lo + stream.per_round, slots.groups)
-        groups = np.sort(slots.group_at(np.arange(lo, hi, dtype=np.int64)))
-        sizes = slots.size_of_group(groups).astype(np.int64)
-        starts = groups * stream.g
-        ends = np.cumsum(sizes)
-        ids = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
-        ids += np.repeat(starts - (ends - sizes), sizes)
+        ids = self.stream.round_ids(r)
         self._cache = {r: ids}  # the last round asked for (begin, then complete)
         return ids
 
