@@ -282,10 +282,9 @@ def store_load(plan, rank: int) -> tuple[np.ndarray, int]:
     across holes of at most the store's gap. Returns (lengths of the merged extents,
     payload bytes). R = 1 is one round of every id (loaded in the first epoch only), or
     the first epoch's K rounds when it loads progressively (``load_rounds``)."""
+    from .assign_memory import layout_stream
     from .layout import floor_start
     from .store_cost import STORE_GAP
-
-    from .assign_memory import layout_stream
 
     P, n = plan.world.size, plan.n
     gap = int(plan.strategy.coalesce_gap) or STORE_GAP
