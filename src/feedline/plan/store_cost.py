@@ -230,11 +230,16 @@ def store_candidate(
     epoch. ``requests`` and ``bytes`` are the first epoch's (the load); ``figures``
     keeps the first and the later epochs' costs (``first_epoch_s``,
     ``later_epoch_s``) and the remote gets and bytes per epoch."""
-    kw = {"mode": mode, "fabric": fabric, "rl_floor": rl_floor}
-    est = store_estimate(sh, profile, memory_fraction, epoch=0, **kw)
+
+    def one(epoch: int) -> Estimate:
+        return store_estimate(
+            sh, profile, memory_fraction, mode=mode, epoch=epoch, fabric=fabric, rl_floor=rl_floor
+        )
+
+    est = one(0)
     if est.rejected:
         return est
-    later = store_estimate(sh, profile, memory_fraction, epoch=1, **kw)
+    later = one(1)
     H = max(1, int(horizon))
     est.figures.update(first_epoch_s=est.cost, later_epoch_s=later.cost, horizon=H)
     est.terms = {k: (v + (H - 1) * later.terms[k]) / H for k, v in est.terms.items()}
