@@ -179,6 +179,9 @@ class StoreSource(Source):
         self._stop = threading.Event()
         self._pending: Any = None  # a collective in flight when a get() was stopped
         self._next: _RoundLoad | None = None  # the round being loaded
+        # a progressive store's later rounds of the pass, read ahead (round: future)
+        self._ahead: dict[int, Any] = {}
+        self._ahead_done = False  # this pass has submitted them
         # the resident keys owner/disp describe (a round's placement writes only its own
         # ids: the rounds of a progressive store stay placed across passes)
         self._placed: set[Any] = set()
@@ -254,10 +257,7 @@ class StoreSource(Source):
         :meth:`request_stop`): a (P, 2) array."""
         if self._comm is None or self._P == 1:
             return np.array([[code, key]], dtype=np.int64)
-        if self._pending is None:
-            out = np.zeros((self._P, 2), dtype=np.int64)
-            req = mpi.iallgather(self._comm, np.array([code, key], dtype=np.int64), out)
-            self._pending = (req, out)
+        self._post(code, key)
         req, out = self._pending
         t0 = time.monotonic()
         while not mpi.done(req):
@@ -267,6 +267,14 @@ class StoreSource(Source):
             time.sleep(self._pause)
         self._pending = None
         return out
+
+    def _post(self, code: int, key: int) -> None:
+        """Start the next collective (unless one is in flight: it is the next one)."""
+        if self._comm is None or self._P == 1 or self._pending is not None:
+            return
+        out = np.zeros((self._P, 2), dtype=np.int64)
+        req = mpi.iallgather(self._comm, np.array([code, key], dtype=np.int64), out)
+        self._pending = (req, out)
 
     def _poll(self, t0: float) -> None:
         """Between tests of a pending request: raise :class:`StorePeerDied` when a peer
@@ -366,7 +374,12 @@ class StoreSource(Source):
         if st is None:
             st = self._next = _RoundLoad(r)
         if st.stage == 0:
-            got = self._collective(_LEFT if self._departed else _OK, self._key(r, 1))
+            # C1 frees a slot the others may still read; a progressive store's rounds
+            # each have their own (none is overwritten in a pass): C2 alone suffices
+            if self._rounds is not None and self._rounds.progressive:
+                got = np.array([[_OK, self._key(r, 1)]], dtype=np.int64)
+            else:
+                got = self._collective(_LEFT if self._departed else _OK, self._key(r, 1))
             if self._comm is not None and bool((got[:, 0] == _LEFT).all()):
                 self._next = None
                 self._abandon_pass()  # every rank left: nobody needs the rest
@@ -382,7 +395,11 @@ class StoreSource(Source):
             self._resident[slot] = None
             assert self._rounds is not None
             try:
-                st.future = self._submit_share(self._rounds.ids(r), slot)
+                ahead = self._ahead.pop(r, None)
+                st.future = (
+                    ahead if ahead is not None else self._submit_share(self._rounds.ids(r), slot)
+                )
+                self._read_ahead(r)
             except BaseException as e:  # C2 tells the others (even of a Ctrl-C here)
                 st.code, st.error = _code_of(e), e
                 if not isinstance(e, Exception):
@@ -404,17 +421,7 @@ class StoreSource(Source):
         st = self._next
         assert st is not None and st.round == r
         if st.stage == 1:
-            fut = st.future
-            if fut is not None and st.error is None:
-                try:
-                    fut.result()  # a stop here leaves the future to _drain
-                except Exception as e:
-                    st.code, st.error = _code_of(e), e
-            st.future = None
-            self._resident[slot] = None if st.error is not None else key
-            if self._rma is not None:
-                self._rma.sync()
-            st.stage = 2
+            self._read_done(st, slot, key)
         got = self._collective(st.code, self._key(r, 2))
         self._next = None
         if st.error is not None:
@@ -428,12 +435,62 @@ class StoreSource(Source):
         self._hi = r
         self._st["rounds_loaded"] += 1
 
+    def _read_done(self, st: _RoundLoad, slot: int, key: Any) -> None:
+        """Stage 1 -> 2: this rank's share of the round is read (or failed)."""
+        fut = st.future
+        if fut is not None and st.error is None:
+            try:
+                fut.result()  # a stop here leaves the future to _drain
+            except Exception as e:
+                st.code, st.error = _code_of(e), e
+        st.future = None
+        self._resident[slot] = None if st.error is not None else key
+        if self._rma is not None:
+            self._rma.sync()
+        st.stage = 2
+
+    def _post_early(self) -> None:
+        """A progressive store: once this rank's share of the round being loaded is read,
+        post its C2 at once; it completes as the others post theirs and is waited for at
+        the round's first step, so ranks that drift apart by a few steps do not wait
+        for each other at every round."""
+        st, rounds = self._next, self._rounds
+        if st is None or st.stage != 1 or rounds is None or not rounds.progressive:
+            return
+        if self._pending is None and (st.future is None or st.future.done()):
+            self._read_done(st, st.round % self._nslots, self._load_key(st.round))
+            self._post(st.code, self._key(st.round, 2))
+
+    def _read_ahead(self, r: int) -> None:
+        """A progressive store, once per pass, behind its first round loaded (*r*): read
+        the later rounds its slots do not hold yet, in order. Every round has its own
+        slot, so the reads need not wait for the consumer to reach a round (their C1 and
+        C2 still come at the usual steps, and their errors with them): the disk never
+        idles while the first epoch is served. Best effort: a round not submitted here
+        is submitted at its C1."""
+        rounds = self._rounds
+        if self._ahead_done or rounds is None or not rounds.progressive:
+            return
+        self._ahead_done = True
+        for k in range(r + 1, rounds.last + 1):
+            slot = k % self._nslots
+            if self._resident[slot] == self._load_key(k):
+                continue
+            try:
+                self._ahead[k] = self._submit_share(rounds.ids(k), slot)
+            except Exception:
+                return
+
     def _drain(self) -> None:
-        """Wait for a share read in flight (its buffer must not be reused under it)."""
+        """Wait for the share reads in flight (their buffers must not be reused under
+        them): the round being loaded's, and the rounds read ahead."""
         st, self._next = self._next, None
-        if st is not None and st.future is not None:
-            with contextlib.suppress(Exception):
-                st.future.result()
+        ahead, self._ahead = self._ahead, {}
+        futures = [st.future] if st is not None and st.future is not None else []
+        for fut in [*futures, *ahead.values()]:
+            if fut is not None:
+                with contextlib.suppress(Exception):
+                    fut.result()
 
     def _submit_share(self, ids: np.ndarray, slot: int) -> Any:
         """Start reading this rank's share of a round into *slot*; a future or None."""
@@ -480,6 +537,7 @@ class StoreSource(Source):
         self._pass_st = dict.fromkeys(_PASS_KEYS, 0)
         self._pass_st["rma_wait_s"] = 0.0
         self._drain()  # no read may still land in a window about to be replaced
+        self._ahead_done = False
         self._pending = None
         rounds, slot, nslots = self._sizing(plan)
         if self._rma is None or slot > self._slot_bytes or nslots > self._nslots:
@@ -530,6 +588,7 @@ class StoreSource(Source):
             self._complete(self._hi + 1)
         if self._may_begin(step):  # the next round loads while this one is served
             self._begin(self._hi + 1)
+        self._post_early()
 
     def get(self, step: int) -> RawBatch:
         with self._lock:
