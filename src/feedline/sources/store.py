@@ -67,6 +67,7 @@ from .store_plan import (  # noqa: F401 - re-exported: the store's layout lives 
 )
 
 CLOSE_GRACE_S = 5.0
+READ_AHEAD = 2  # rounds of a progressive store read at once ahead of the one loading
 STALL_S = 10.0  # close() says it is waiting for the others after this long
 _log = logging.getLogger("feedline.store")
 
@@ -181,7 +182,7 @@ class StoreSource(Source):
         self._next: _RoundLoad | None = None  # the round being loaded
         # a progressive store's later rounds of the pass, read ahead (round: future)
         self._ahead: dict[int, Any] = {}
-        self._ahead_done = False  # this pass has submitted them
+        self._ahead_hi = -1  # the highest round of the pass whose read was submitted
         # the resident keys owner/disp describe (a round's placement writes only its own
         # ids: the rounds of a progressive store stay placed across passes)
         self._placed: set[Any] = set()
@@ -399,7 +400,8 @@ class StoreSource(Source):
                 st.future = (
                     ahead if ahead is not None else self._submit_share(self._rounds.ids(r), slot)
                 )
-                self._read_ahead(r)
+                self._ahead_hi = max(self._ahead_hi, r)
+                self._read_ahead()
             except BaseException as e:  # C2 tells the others (even of a Ctrl-C here)
                 st.code, st.error = _code_of(e), e
                 if not isinstance(e, Exception):
@@ -449,37 +451,72 @@ class StoreSource(Source):
             self._rma.sync()
         st.stage = 2
 
-    def _post_early(self) -> None:
-        """A progressive store: once this rank's share of the round being loaded is read,
-        post its C2 at once; it completes as the others post theirs and is waited for at
-        the round's first step, so ranks that drift apart by a few steps do not wait
-        for each other at every round."""
-        st, rounds = self._next, self._rounds
-        if st is None or st.stage != 1 or rounds is None or not rounds.progressive:
-            return
-        if self._pending is None and (st.future is None or st.future.done()):
-            self._read_done(st, st.round % self._nslots, self._load_key(st.round))
-            self._post(st.code, self._key(st.round, 2))
-
-    def _read_ahead(self, r: int) -> None:
-        """A progressive store, once per pass, behind its first round loaded (*r*): read
-        the later rounds its slots do not hold yet, in order. Every round has its own
-        slot, so the reads need not wait for the consumer to reach a round (their C1 and
-        C2 still come at the usual steps, and their errors with them): the disk never
-        idles while the first epoch is served. Best effort: a round not submitted here
-        is submitted at its C1."""
+    def _progress(self) -> None:
+        """A progressive store, at every step: move the load along without waiting for
+        the consumer to reach a round. A round's C2 is posted as soon as this rank's
+        share is read, and completed as soon as every rank has posted it (the next
+        round begins then). Every rank still runs the same C2 sequence, and a rank
+        drifting a few steps behind no longer holds the others at every round. A C2
+        that reports a failure or ranks out of step is left for the round's first step
+        to raise, as on every rank."""
         rounds = self._rounds
-        if self._ahead_done or rounds is None or not rounds.progressive:
+        if rounds is None or not rounds.progressive or self._failed:
             return
-        self._ahead_done = True
-        for k in range(r + 1, rounds.last + 1):
+        self._read_ahead()
+        while True:
+            st = self._next
+            if st is None:
+                r = self._hi + 1
+                if r > rounds.last:
+                    return
+                if self._resident[r % self._nslots] == self._load_key(r):
+                    self._complete(r)  # kept from an earlier pass: placed, no collective
+                    continue
+                self._begin(r)  # no C1 here: submits (or adopts) the share's read
+                st = self._next
+                assert st is not None
+            if st.stage == 1:
+                if st.future is not None and not st.future.done():
+                    return
+                self._read_done(st, st.round % self._nslots, self._load_key(st.round))
+            if self._comm is not None and self._P > 1:
+                self._post(st.code, self._key(st.round, 2))
+                req, out = self._pending
+                if not mpi.done(req):
+                    return
+                if (out[:, 0] != _OK).any() or (out[:, 1] != out[0, 1]).any():
+                    return  # raised at the round's first step (_complete), on every rank
+            elif st.code != _OK:
+                return
+            self._complete(st.round)
+
+    def _read_ahead(self) -> None:
+        """A progressive store: keep :data:`READ_AHEAD` rounds' reads in flight ahead of
+        the round being loaded, in order, into the slots they own. No slot is
+        overwritten within the pass, so the reads need not wait for the consumer or the
+        collectives to reach a round (their C2 and errors still come at the usual
+        places): the disk does not idle while the first epoch is served, and the first
+        round does not share it with the whole load. Best effort: a round not read
+        ahead is submitted when it begins."""
+        rounds = self._rounds
+        if rounds is None or not rounds.progressive or self._failed:
+            return
+        nxt = self._next
+        busy = sum(1 for f in self._ahead.values() if f is not None and not f.done())
+        if nxt is not None and nxt.stage == 1 and nxt.future is not None:
+            busy += 0 if nxt.future.done() else 1
+        while busy < READ_AHEAD and self._ahead_hi < rounds.last:
+            k = self._ahead_hi = self._ahead_hi + 1
             slot = k % self._nslots
-            if self._resident[slot] == self._load_key(k):
+            if k <= self._hi or self._resident[slot] == self._load_key(k):
+                continue
+            if nxt is not None and nxt.round == k:
                 continue
             try:
                 self._ahead[k] = self._submit_share(rounds.ids(k), slot)
             except Exception:
                 return
+            busy += 1
 
     def _drain(self) -> None:
         """Wait for the share reads in flight (their buffers must not be reused under
@@ -537,7 +574,6 @@ class StoreSource(Source):
         self._pass_st = dict.fromkeys(_PASS_KEYS, 0)
         self._pass_st["rma_wait_s"] = 0.0
         self._drain()  # no read may still land in a window about to be replaced
-        self._ahead_done = False
         self._pending = None
         rounds, slot, nslots = self._sizing(plan)
         if self._rma is None or slot > self._slot_bytes or nslots > self._nslots:
@@ -555,6 +591,7 @@ class StoreSource(Source):
             self._done_pass = False
         else:
             self._hi, self._done_pass = rounds.last, True
+        self._ahead_hi = self._hi
         self._step = first_step
         self._ids = self._offs = None
         self._plan = plan
@@ -588,7 +625,7 @@ class StoreSource(Source):
             self._complete(self._hi + 1)
         if self._may_begin(step):  # the next round loads while this one is served
             self._begin(self._hi + 1)
-        self._post_early()
+        self._progress()
 
     def get(self, step: int) -> RawBatch:
         with self._lock:
