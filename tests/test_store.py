@@ -214,9 +214,12 @@ def test_store_ranks_out_of_sync(cifar, mode):
     assert out.count(f"STORE-{mode.upper()}-OK") == 3, out
 
 
-def test_store_load_error_reaches_every_rank(tmp_path):
+@pytest.mark.parametrize("how", ["rounds", "progressive"])
+def test_store_load_error_reaches_every_rank(tmp_path, how):
+    # R = 0.5, or R = 1 loaded progressively (the failed share read ahead of its C2)
     bad = generate("cifar10-bin", str(tmp_path / "b"), samples=200, progress=False)
-    out = _mpi(3, bad, "error", timeout=120)
+    extra = ["progressive"] if how == "progressive" else []
+    out = _mpi(3, bad, "error", *extra, timeout=120)
     assert out.count("STORE-ERROR-OK") == 3, out
     assert " own" in out and " peer: " in out  # the loader's typed error, and its peers'
 
@@ -264,6 +267,7 @@ def test_round_ids_are_the_rounds_positions(n, R, B):
         ("deepio-ordered", 0.25, 1, 2),
         ("deepio-opportunistic", 1.0, 0, 0),
         ("deepio-ordered", 1.0, 2, 2),
+        ("deepio-ordered", "1.0/3", 3, 2),  # progressive, killed mid-load in epoch 0
     ],
 )
 def test_killed_rank_never_hangs_its_peers(cifar, tmp_path, preset, R, victim, nodes):

@@ -301,8 +301,12 @@ else:
     if rank == 0:
         os.unlink(ds.files[-1])
     comm.Barrier()
+    # argv[3] "progressive": R = 1 loaded in 3 rounds, each read ahead of its C2
+    knobs = {"memory_fraction": 0.5}
+    if sys.argv[3:] == ["progressive"]:
+        knobs = {"load_rounds": 3, "chunk": 16}
     try:
-        with Loader(ds, B, preset="deepio-ordered", memory_fraction=0.5, seed=1) as ld:
+        with Loader(ds, B, preset="deepio-ordered", seed=1, **knobs) as ld:
             for _b in ld:
                 pass
     except StorageError as e:
