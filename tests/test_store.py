@@ -203,13 +203,16 @@ def test_feedline_chooses_the_store_and_resumes_it_elsewhere(cifar, tmp_path, n,
     assert out.count("STORE-AUTO-RESUME-OK") == then, out
 
 
-@pytest.mark.parametrize("mode", ["slow-peers", "late-close", "out-of-step", "interrupted"])
+@pytest.mark.parametrize(
+    "mode", ["slow-peers", "late-close", "out-of-step", "interrupted", "all-leave"]
+)
 def test_store_ranks_out_of_sync(cifar, mode):
     # slow-peers: a rank that left waits in close() while the others take their time
     # (no give-up on a timer); late-close: a rank closing after the grace period makes
     # every rank keep the window, nobody hangs; out-of-step: ranks in different epochs
     # raise StoreOutOfStepError together; interrupted: Ctrl-C in close() makes the others
-    # raise StorePeerLeft at their next round
+    # raise StorePeerLeft at their next round; all-leave: every rank leaves a progressive
+    # pass (no C1) and the rest is abandoned at the next C2, not loaded
     out = _mpi(3, cifar, mode, timeout=120)
     assert out.count(f"STORE-{mode.upper()}-OK") == 3, out
 
@@ -463,3 +466,47 @@ def test_progressive_first_epoch_waits_for_one_round_and_keeps_them_all(cifar, p
     with Loader(ds, 32, preset=preset, **kw) as again:
         again.load_state_dict(state)
         assert _same(_epoch(again), rest)
+
+
+@pytest.mark.parametrize("circular", [False, True])
+def test_progressive_resume_at_every_step_is_bit_exact(cifar, circular):
+    """A fresh Loader resumed at any step of a progressive epoch 0 loads the rounds that
+    step needs (with circular=True the last step wraps to round 0) and delivers the
+    same bytes as the uninterrupted epoch."""
+    ds = open_dataset(cifar)
+    kw = {"load_rounds": 4, "chunk": 16, "seed": 5, "decode": False, "circular": circular}
+    with Loader(ds, 32, preset="deepio-ordered", **kw) as ld:
+        full = _epoch(ld)
+    for k in range(1, len(full)):
+        with Loader(ds, 32, preset="deepio-ordered", **kw) as ld:
+            it = iter(ld)
+            for _ in range(k):
+                next(it)
+            state = ld.state_dict()
+        with Loader(ds, 32, preset="deepio-ordered", **kw) as again:
+            again.load_state_dict(state)
+            assert _same(_epoch(again), full[k:]), k
+
+
+def test_progressive_store_switching_seeds_serves_the_right_bytes(cifar):
+    """Rounds of another seed's layout are kept in memory, but their placement is
+    forgotten once rounds of the new seed overwrite it: switching back re-places them."""
+    ds = open_dataset(cifar)
+    kw = {"load_rounds": 4, "chunk": 16, "decode": False}
+    with Loader(ds, 32, preset="deepio-ordered", seed=5, **kw) as a:
+        states = {}
+        for seed in (5, 6):
+            with Loader(ds, 32, preset="deepio-ordered", seed=seed, **kw) as other:
+                it = iter(other)
+                # seed 6 resumes in its last round (loads only that one); seed 5 at
+                # step 1 (needs every round: the kept ones must be placed again)
+                for _ in range(17 if seed == 6 else 1):
+                    next(it)
+                states[seed] = (other.state_dict(), [(b.ids.copy(), None) for b in it])
+        full5 = _epoch(a)  # every round of seed 5 resident and placed
+        for seed in (6, 5):
+            a.load_state_dict(states[seed][0], strict=False)
+            with Loader(ds, 32, preset="deepio-ordered", source="direct", seed=seed, **kw) as ref:
+                ref.load_state_dict(states[seed][0], strict=False)
+                assert _same(_epoch(a), _epoch(ref)), seed
+        assert full5

@@ -38,7 +38,7 @@ from .errors import (
     StorageTimeoutError,
 )
 from .pipeline import state as _state
-from .pipeline.options import PipelineOptions, default_buffer, pipeline_options
+from .pipeline.options import PipelineOptions, default_buffer, default_read, pipeline_options
 from .pipeline.passes import _AGREEING
 from .pipeline.passes import Epoch as _Epoch
 from .pipeline.runner import EpochRun, inline_run
@@ -228,7 +228,7 @@ class Loader:
             elif st.chunk == 0 and st.chunk_layout == "rank":
                 st = st.replace(chunk=default_buffer().in_samples(mean))
         if self.preset == "feedline" and "read" not in knobs and st.read == "odirect":
-            st = st.replace(read=self._default_read())
+            st = st.replace(read=default_read(self.dataset.files, opts.epochs))
         if self._source_name == "direct" and st.aggregated:
             # node aggregation needs the node source (MPI windows); direct reads per rank
             st = st.replace(readers_per_node=0)
@@ -297,18 +297,6 @@ class Loader:
         if self.choice is None:
             return f"preset {self.preset!r} is fixed; no cost model ran"
         return self.choice.explain()
-
-    def _default_read(self) -> str:
-        """``odirect`` when this node's files are too big for its page cache to keep
-        them until the next epoch (FEEDLINE_DIRECT_ABOVE, default RAM/2): caching them
-        would only cost CPU and evict other data. Else buffered ``pread-random`` (the
-        kernel's read-ahead off: tiles are large and scattered, and read-ahead past their
-        ends is bandwidth spent on bytes nobody asked for), so later epochs read memory."""
-        try:
-            total = sum(os.path.getsize(f) for f in self.dataset.files)
-        except OSError:
-            return "odirect"
-        return "odirect" if total > int(defaults.get("direct_above")) else "pread-random"
 
     def _resolve_cap(self, memory_cap) -> int:
         from .units import parse_bytes

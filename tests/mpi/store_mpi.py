@@ -229,6 +229,19 @@ elif mode == "slow-peers":
         )
     assert not ld._source._kept  # every rank closed within the grace: the window freed
     print(f"STORE-SLOW-PEERS-OK rank {rank} waited {waited:.1f}s", flush=True)
+elif mode == "all-leave":
+    # a progressive store (4 rounds, no C1): every rank leaves epoch 0 in its first round
+    # and closes; their C2s say so and the rest of the pass is abandoned, not loaded
+    kw = {"load_rounds": 4, "chunk": 16, "seed": 3, "decode": False}
+    ld = Loader(ds, B, preset="deepio-ordered", **kw)
+    it = iter(ld)
+    for _ in range(2):
+        next(it)
+    del it
+    ld.close()
+    loaded = ld._source._st["rounds_loaded"]
+    assert loaded < 4, loaded
+    print(f"STORE-ALL-LEAVE-OK rank {rank} rounds {loaded}", flush=True)
 elif mode == "late-close":
     # rank 1 closes long after the grace period: every rank keeps the window (one
     # atomic vote), nobody hangs in the collective free

@@ -376,8 +376,10 @@ class StoreSource(Source):
             st = self._next = _RoundLoad(r)
         if st.stage == 0:
             # C1 frees a slot the others may still read; a progressive store's rounds
-            # each have their own (none is overwritten in a pass): C2 alone suffices
-            if self._rounds is not None and self._rounds.progressive:
+            # each have their own (none is overwritten in a pass): C2 alone suffices,
+            # unless the slot holds something else still valid (another seed's round;
+            # every rank sees the same residency, so every rank decides the same)
+            if self._free_slot(r):
                 got = np.array([[_OK, self._key(r, 1)]], dtype=np.int64)
             else:
                 got = self._collective(_LEFT if self._departed else _OK, self._key(r, 1))
@@ -396,16 +398,33 @@ class StoreSource(Source):
             self._resident[slot] = None
             assert self._rounds is not None
             try:
-                ahead = self._ahead.pop(r, None)
-                st.future = (
-                    ahead if ahead is not None else self._submit_share(self._rounds.ids(r), slot)
-                )
-                self._ahead_hi = max(self._ahead_hi, r)
-                self._read_ahead()
+                st.future = self._ahead.get(r)
+                if st.future is None:
+                    st.future = self._submit_share(self._rounds.ids(r), slot)
+                self._ahead.pop(r, None)  # st.future holds it (drained through _next)
             except BaseException as e:  # C2 tells the others (even of a Ctrl-C here)
                 st.code, st.error = _code_of(e), e
                 if not isinstance(e, Exception):
                     raise
+            self._ahead_hi = max(self._ahead_hi, r)
+            self._read_ahead()
+
+    def _c2_code(self, st: _RoundLoad) -> int:
+        """What this rank tells the others at a round's C2: its outcome; in a
+        progressive store (no C1) also whether it left the pass (its serve thread)."""
+        if st.code == _OK and self._departed and self._rounds is not None:
+            return _LEFT if self._rounds.progressive else _OK
+        return st.code
+
+    def _free_slot(self, r: int) -> bool:
+        """A progressive store's round *r* may be read into its slot without C1: the
+        slot holds nothing valid (no other rank can still be reading it)."""
+        rounds = self._rounds
+        return (
+            rounds is not None
+            and rounds.progressive
+            and self._resident[r % self._nslots] in (None, self._load_key(r))
+        )
 
     def _complete(self, r: int) -> None:
         """Round *r* resident on every rank: wait for the share, then C2."""
@@ -416,7 +435,7 @@ class StoreSource(Source):
             # R = 1: loaded in an earlier pass and kept
             if key not in self._placed:
                 self._place(self._rounds.ids(r), slot)
-                self._placed.add(key)
+                self._placed_add(key)
             self._hi = r
             return
         self._begin(r)
@@ -424,27 +443,31 @@ class StoreSource(Source):
         assert st is not None and st.round == r
         if st.stage == 1:
             self._read_done(st, slot, key)
-        got = self._collective(st.code, self._key(r, 2))
+        got = self._collective(self._c2_code(st), self._key(r, 2))
         self._next = None
         if st.error is not None:
             self._invalidate()
             raise st.error
+        if self._comm is not None and self._rounds.progressive and (got[:, 0] == _LEFT).all():
+            self._abandon_pass()  # every rank left (told at C2: no C1 here)
+            return
         self._check(got, f"round {r}")
         if self._rma is not None:
             self._rma.sync()
         self._place(self._rounds.ids(r), slot)
-        self._placed.add(key)
+        self._placed_add(key)
         self._hi = r
         self._st["rounds_loaded"] += 1
 
     def _read_done(self, st: _RoundLoad, slot: int, key: Any) -> None:
         """Stage 1 -> 2: this rank's share of the round is read (or failed)."""
         fut = st.future
-        if fut is not None and st.error is None:
+        if fut is not None:  # even after an error: the read must not land later
             try:
                 fut.result()  # a stop here leaves the future to _drain
             except Exception as e:
-                st.code, st.error = _code_of(e), e
+                if st.error is None:
+                    st.code, st.error = _code_of(e), e
         st.future = None
         self._resident[slot] = None if st.error is not None else key
         if self._rma is not None:
@@ -480,7 +503,7 @@ class StoreSource(Source):
                     return
                 self._read_done(st, st.round % self._nslots, self._load_key(st.round))
             if self._comm is not None and self._P > 1:
-                self._post(st.code, self._key(st.round, 2))
+                self._post(self._c2_code(st), self._key(st.round, 2))
                 req, out = self._pending
                 if not mpi.done(req):
                     return
@@ -510,8 +533,8 @@ class StoreSource(Source):
             slot = k % self._nslots
             if k <= self._hi or self._resident[slot] == self._load_key(k):
                 continue
-            if nxt is not None and nxt.round == k:
-                continue
+            if (nxt is not None and nxt.round == k) or not self._free_slot(k):
+                continue  # being loaded; or another seed's round, freed by its C1 first
             try:
                 self._ahead[k] = self._submit_share(rounds.ids(k), slot)
             except Exception:
@@ -540,6 +563,17 @@ class StoreSource(Source):
             raise FeedlineError("store slot overflow: the share outgrew its bound")
         assert self._reader is not None
         return self._reader.submit(c.reads, self._rma.array[base : base + self._slot_bytes])
+
+    def _placed_add(self, key: Any) -> None:
+        """Record that owner/disp describe round *key*. Rounds of one layout (one pass's,
+        a progressive store's of one seed, or the whole) hold disjoint ids; placing a
+        round of another layout overwrites theirs, so they are forgotten."""
+
+        def layout(k: Any) -> Any:
+            return k[:-1] if len(k) > 1 else k
+
+        self._placed = {k for k in self._placed if layout(k) == layout(key)}
+        self._placed.add(key)
 
     def _place(self, ids: np.ndarray, slot: int) -> None:
         """Where every sample of a round lies: owner rank and displacement in its part."""
@@ -587,7 +621,8 @@ class StoreSource(Source):
         self._pass += 1
         self._failed = False
         if first_step < plan.num_steps:
-            self._hi = int(rounds.step_min[first_step]) - 1
+            # the first round any step left needs (a wrapped last step needs round 0)
+            self._hi = int(rounds.step_min[first_step:].min()) - 1
             self._done_pass = False
         else:
             self._hi, self._done_pass = rounds.last, True

@@ -66,6 +66,7 @@ class _Rounds:
         first = steps * B
         last = np.minimum(first + B, plan.total) - 1
         last = np.maximum(last, first)
+        wraps = last >= plan.n  # circular: steps that wrap to the start of the order
         if plan.total > plan.n:  # circular: the last step wraps to the start of the order
             if not (self.whole or self.progressive):
                 raise ConfigError(
@@ -73,11 +74,13 @@ class _Rounds:
                     "(circular=True) when memory_fraction < 1: its slot holds another "
                     "round by then; use memory_fraction=1, drop_last=True or circular=False"
                 )
-            # the wrapped positions are the order's first: round 0, loaded first and kept
+            # the wrapped positions are the order's first: round 0, kept by then
             first, last = np.minimum(first, plan.n - 1), np.minimum(last, plan.n - 1)
         if own:
             self.step_min = np.searchsorted(self.hi, first, side="right")
             self.step_max = np.searchsorted(self.hi, last, side="right")
+            if self.progressive:  # a wrapped step also needs round 0 (a resume there)
+                self.step_min[wraps] = 0
         else:  # a progressive store's other passes: every round at the first step
             self.step_min = np.zeros(len(steps), dtype=np.int64)
             self.step_max = np.full(len(steps), self.count - 1, dtype=np.int64)
