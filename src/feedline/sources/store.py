@@ -61,6 +61,7 @@ from .store_plan import (  # noqa: F401 - re-exported: the store's layout lives 
     _Rounds,
     _share,
     gap_of,
+    place_shares,
     share_bytes,
     slot_bytes,
     store_bytes,
@@ -576,15 +577,14 @@ class StoreSource(Source):
         self._placed.add(key)
 
     def _place(self, ids: np.ndarray, slot: int) -> None:
-        """Where every sample of a round lies: owner rank and displacement in its part."""
-        base = slot * self._slot_bytes
-        for k in range(self._P):
-            part = _share(ids, self._P, k)
-            if len(part) == 0:
-                continue
-            c = self._extents(part)
-            self._owner[part] = k
-            self._disp[part] = base + c.src
+        """Where every sample of a round lies: owner rank and displacement in its part
+        (what :meth:`_extents` gives each share, for all P shares at once: its cost does
+        not grow with P beyond the arrays)."""
+        owner, src = place_shares(
+            self._fid, self._off, self._len, ids, self._P, self._gap, self._slot_bytes
+        )
+        self._owner[ids] = owner
+        self._disp[ids] = slot * self._slot_bytes + src
 
     # ----------------------------------------------------------------- passes
     @property

@@ -134,6 +134,62 @@ def share_bytes(
     return out
 
 
+def place_shares(
+    fid: np.ndarray,
+    off: np.ndarray,
+    ln: np.ndarray,
+    ids: np.ndarray,
+    P: int,
+    gap: int,
+    slot: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where the records of a round's sorted *ids* land in the store, for all *P* shares
+    at once: ``(owner, src)`` per id, the rank holding it and its offset in that rank's
+    slot. Each share's records are merged across holes of at most *gap* bytes and read
+    into the slot in (file, offset) order; a share whose merged reads would outgrow the
+    *slot* bytes is read record by record (gap 0) instead — what
+    :func:`~feedline.pipeline.reader.coalesce` gives each share alone, vectorised."""
+    n = len(ids)
+    if n == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return z.astype(np.int32), z
+    counts = np.diff(floor_start(n, P, np.arange(P + 1)))
+    share = np.repeat(np.arange(P, dtype=np.int64), counts)
+    f, o, L = fid[ids], off[ids], ln[ids]
+    in_order = bool(((f[1:] > f[:-1]) | ((f[1:] == f[:-1]) & (o[1:] >= o[:-1]))).all())
+    # ids in file order already (a file written in id order): no sort needed
+    order = np.arange(n) if in_order else np.lexsort((o, f, share))
+    f, o, L, sh = f[order], o[order], L[order], share[order]
+    cut = np.ones(n, dtype=bool)
+    cut[1:] = sh[1:] != sh[:-1]
+
+    def merged(g):
+        first, end, which = merge_extents(f, o, L, g, cut=cut)
+        size = end - o[first]
+        return first, size, which
+
+    first, size, which = merged(gap)
+    total = np.zeros(P, dtype=np.int64)
+    np.add.at(total, sh[first], size)
+    over = total > slot
+    if over.any():  # those shares record by record (no holes read through)
+        first, size, which = merged(np.where(over[sh], 0, gap).astype(np.int64))
+    # each merged read's place in its share's slot: an exclusive running sum per share
+    csum = np.cumsum(size) - size
+    start_of_share = np.zeros(P, dtype=np.int64)
+    r_share = sh[first]
+    head = np.ones(len(first), dtype=bool)
+    head[1:] = r_share[1:] != r_share[:-1]
+    start_of_share[r_share[head]] = csum[head]
+    dest = csum - start_of_share[r_share]
+    src_sorted = dest[which] + (o - o[first][which])
+    src = np.empty(n, dtype=np.int64)
+    src[order] = src_sorted
+    owner = np.empty(n, dtype=np.int32)
+    owner[order] = sh
+    return owner, src
+
+
 def gap_of(plan) -> int:
     """The holes a load of *plan* reads through: ``coalesce_gap``, or :data:`STORE_GAP`."""
     return int(plan.strategy.coalesce_gap) or STORE_GAP
