@@ -58,13 +58,11 @@ from ..pipeline.reader import ExtentReader, coalesce
 from .base import RawBatch, Source, SourceContext, SourceStopped, register_source
 from .store_errors import (  # noqa: F401 - re-exported: the store's errors live there
     _CODE_NAMES,
-    _CORRUPT,
     _DEAD,
     _GONE,
     _LEFT,
     _OK,
     _ORPHANS,
-    _OTHER,
     _STORAGE,
     StoreOutOfStepError,
     StorePeerDied,
@@ -145,6 +143,7 @@ class StoreSource(Source):
         # a progressive store's later rounds of the pass, read ahead (round: future)
         self._ahead: dict[int, Any] = {}
         self._ahead_hi = -1  # the highest round of the pass whose read was submitted
+        self._pass_first = 0
         # the resident keys owner/disp describe (a round's placement writes only its own
         # ids: the rounds of a progressive store stay placed across passes)
         self._placed: set[Any] = set()
@@ -476,20 +475,21 @@ class StoreSource(Source):
             self._complete(st.round)
 
     def _read_ahead(self) -> None:
-        """A progressive store: keep :data:`READ_AHEAD` rounds' reads in flight ahead of
-        the round being loaded, in order, into the slots they own. No slot is
-        overwritten within the pass, so the reads need not wait for the consumer or the
-        collectives to reach a round (their C2 and errors still come at the usual
-        places): the disk does not idle while the first epoch is served, and the first
-        round does not share it with the whole load. Best effort: a round not read
-        ahead is submitted when it begins."""
+        """A progressive store: :data:`READ_AHEAD` rounds' reads in flight ahead of the
+        one loading, into their own slots (none is overwritten in a pass), so the disk
+        does not wait for the consumer or the collectives (C2 and errors come as usual).
+        The pass's first round reads alone. Best effort: a round not read ahead is
+        submitted when it begins."""
         rounds = self._rounds
         if rounds is None or not rounds.progressive or self._failed:
             return
         nxt = self._next
         busy = sum(1 for f in self._ahead.values() if f is not None and not f.done())
-        if nxt is not None and nxt.stage == 1 and nxt.future is not None:
-            busy += 0 if nxt.future.done() else 1
+        loading = nxt is not None and nxt.stage == 1 and nxt.future is not None
+        if loading and not nxt.future.done():  # type: ignore[union-attr]
+            if nxt.round == self._pass_first:  # type: ignore[union-attr]
+                return  # the pass's first batch waits for this round: the disk is its own
+            busy += 1
         while busy < READ_AHEAD and self._ahead_hi < rounds.last:
             k = self._ahead_hi = self._ahead_hi + 1
             slot = k % self._nslots
@@ -588,6 +588,7 @@ class StoreSource(Source):
         else:
             self._hi, self._done_pass = rounds.last, True
         self._ahead_hi = self._hi
+        self._pass_first = self._hi + 1  # the round the pass's first batch waits for
         self._step = first_step
         self._ids = self._offs = None
         self._plan = plan
