@@ -456,7 +456,7 @@ class StoreSource(Source):
                 if self._resident[r % self._nslots] == self._load_key(r):
                     self._complete(r)  # kept from an earlier pass: placed, no collective
                     continue
-                self._begin(r)  # no C1 here: submits (or adopts) the share's read
+                self._begin(r)  # submits (or adopts) its read; C1 only if its slot is held
                 st = self._next
                 assert st is not None
             if st.stage == 1:
