@@ -65,11 +65,11 @@ class Strategy:
         DeepIO's R: the fraction of the dataset held in memory per round (``memory``).
     load_rounds : int
         The DeepIO store at R = 1 (``memory`` with ``store`` ordered or opportunistic):
-        K > 1 loads the dataset in K rounds in the first epoch (epoch 0 is
-        ``memory(1/K)``'s order, so its first batch waits for 1/K of the load and the
-        rest loads while it is served); every round stays in memory and the later epochs
-        are full permutations from memory (``docs/deepio.md``, "Progressive first
-        epoch"). 0 or 1: the whole dataset loads before the first batch. The cost
+        K > 1 loads the dataset in about K rounds (whole units) in the first epoch
+        (epoch 0 is ``memory(1/K)``'s order, so its first batch waits for 1/K of the
+        load and the rest loads while it is served); every round stays in memory and the
+        later epochs are full permutations from memory (``docs/deepio.md``, "Progressive
+        first epoch"). 0 or 1: the whole dataset loads before the first batch. The cost
         model sets it for the ``feedline`` preset.
     readers_per_node : int or None
         k reader ranks per node filling a node shared-memory window; 0: every rank reads
