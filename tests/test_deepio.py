@@ -389,3 +389,27 @@ def test_plan_stats_of_a_store_plan_are_its_loads(R):
             for r in range(rounds.count)
         )
         assert int(store_load(plan, k)[0].sum()) == got
+
+
+@pytest.mark.parametrize(("n", "P", "M"), [(20_000, 4, 2), (100_000, 8, 4), (4_096, 4, 1)])
+def test_progressive_first_epoch_shuffles_class_sorted_data(n, P, M):
+    """The store's progressive epoch 0 (memory(1/K) with the model's K and unit) on
+    class-sorted data (10 classes, label = id x 10 // n), batch 256: >= 9 classes per
+    batch on average and |rank correlation with the disk order| <= 0.1 (the default
+    preset's shuffle bar), over several seeds."""
+    from feedline.plan.store_cost import MIN_LOAD_UNITS
+
+    rec = FlatRecords(n, 98_304 if n == 4_096 else 3072)
+    sh = shape_of(rec, WorldSpec(P, M), 256, 2_500_000_000)
+    K, g = load_rounds_for(sh, 0.9)
+    assert K > 1 and -(-n // g) >= MIN_LOAD_UNITS
+    for seed in range(5):
+        st = get_strategy("deepio-ordered", load_rounds=K, chunk=g)
+        order = make_plan(rec, WorldSpec(P, M), st, seed, 0, 256).order()
+        assert np.array_equal(np.sort(order), np.arange(n))
+        labels = order * 10 // n
+        classes = [len(np.unique(labels[i : i + 256])) for i in range(0, n - 255, 256)]
+        assert np.mean(classes) >= 9, (seed, np.mean(classes))
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)  # delivery position of each id
+        assert abs(np.corrcoef(np.arange(n), rank)[0, 1]) <= 0.1, seed
