@@ -85,20 +85,22 @@ MIN_ROUND_UNITS = 32
 MIN_ROUND_BYTES = 2 << 20
 #: bytes of a unit of a progressive load: its reads are of a unit or more
 LOAD_UNIT_BYTES = 512 << 10
-#: units a progressive load cuts the dataset into at least (smaller units when needed):
-#: the rounds' order then hardly correlates with the disk order (about 1/sqrt(units))
-MIN_LOAD_UNITS = 1024
+#: units of LOAD_UNIT_BYTES a dataset must make for a progressive load: with fewer, the
+#: rounds' order would correlate with the disk order (about 1/sqrt(units)), and smaller
+#: units would cost requests; such a dataset loads at once (it is small)
+MIN_LOAD_UNITS = 512
 
 
 def load_rounds_for(sh: Shape, rl_floor: float) -> tuple[int, int]:
     """``(load_rounds, unit samples)`` of the store at R = 1: the first epoch loads in K
-    rounds of random units of about :data:`LOAD_UNIT_BYTES` (smaller when that makes
-    fewer than :data:`MIN_LOAD_UNITS`), so that its first batch waits for 1/K of the
-    load, not all of it. Its order is ``memory(1/K)``'s, whose RL must reach
-    *rl_floor*. ``(0, 0)``: one load (too small to cut)."""
-    g = math.ceil(LOAD_UNIT_BYTES / max(sh.mean_len, 1.0))
-    g = max(1, min(g, sh.n // MIN_LOAD_UNITS))
+    rounds of random units of about :data:`LOAD_UNIT_BYTES`, so that its first batch
+    waits for 1/K of the load, not all of it. Its order is ``memory(1/K)``'s, whose RL
+    must reach *rl_floor*. ``(0, 0)``: one load (fewer than :data:`MIN_LOAD_UNITS`
+    units: too small to cut)."""
+    g = max(1, math.ceil(LOAD_UNIT_BYTES / max(sh.mean_len, 1.0)))
     units = math.ceil(sh.n / g) if sh.n else 0
+    if units < MIN_LOAD_UNITS:
+        return (0, 0)
     per_rank = sh.n * sh.mean_len / max(sh.ranks, 1)
     K = min(MAX_LOAD_ROUNDS, units // MIN_ROUND_UNITS, int(per_rank // MIN_ROUND_BYTES))
     while K > 1 and rl_memory(sh.n, 1.0 / K, unit=g) + 1e-12 < rl_floor:
