@@ -171,6 +171,13 @@ def load_rounds(strategy) -> int:
     return K if progressive else 0
 
 
+def epoch_strategy(strategy, epoch: int):
+    """The strategy whose ``memory(R)`` order *epoch* follows: a progressive store's
+    epoch 0 is ``memory(1/K)``'s (:func:`layout_stream`); every other epoch its own."""
+    K = load_rounds(strategy) if int(epoch) == 0 else 0
+    return strategy.replace(memory_fraction=1.0 / K) if K else strategy
+
+
 def layout_stream(n: int, strategy, seed: int) -> MemoryStream | None:
     """The rounds a progressive store loads (epoch 0's ``memory(1/K)``, whatever the
     epoch being served: the store's layout), or None when it loads in one round."""

@@ -347,12 +347,9 @@ def make_plan(
     if strategy.assignment == "window":
         stream = _window_stream(records, world, strategy, key, geo, cap, batch_size)
     elif a.make_geo:
-        from .assign_memory import load_rounds
+        from .assign_memory import epoch_strategy  # a progressive store's epoch 0
 
-        K = load_rounds(strategy) if int(epoch) == 0 else 0
-        # a progressive store's first epoch: memory(1/K)'s order (assign_memory.layout_stream)
-        s = strategy.replace(memory_fraction=1.0 / K) if K else strategy
-        stream = a.make_geo(n, s, key, geo, records)
+        stream = a.make_geo(n, epoch_strategy(strategy, epoch), key, geo, records)
     else:
         stream = a.make(n, strategy, key)
     return Plan(

@@ -219,12 +219,9 @@ def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float
             wl = st.per_step * weighted_window_steps(st.w, x.num_steps)
             mean_w = float(np.minimum(wl, np.maximum(per_unit, 1)).mean()) if len(wl) else 1.0
             return rl_of_strategy(x.n, x.strategy, tile=max(1, round(mean_w)))
-        s = x.strategy
-        if x.epoch == 0 and s.assignment == "memory":
-            from .assign_memory import load_rounds
+        from .assign_memory import epoch_strategy  # a progressive store's epoch 0
 
-            if load_rounds(s):  # a progressive store's first epoch: memory(1/K)'s order
-                s = s.replace(memory_fraction=1.0 / load_rounds(s))
+        s = epoch_strategy(x.strategy, x.epoch)
         return rl_of_strategy(x.n, s, tile=getattr(x._stream, "tile", None), ranks=x.world.size)
     if isinstance(x, (Strategy, str)):
         if n is None:
