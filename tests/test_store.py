@@ -469,6 +469,35 @@ def test_progressive_first_epoch_waits_for_one_round_and_keeps_them_all(cifar, p
     # a resume mid-epoch 0: test_store_resume_at_every_step_is_bit_exact
 
 
+def test_progressive_load_keeps_pace_with_the_consumer(cifar):
+    """A progressive store reads at most READ_AHEAD rounds past the one the consumer's
+    steps need (a load running as fast as the disk allows took the CPU from the
+    epoch's first steps); the rest loads as the consumer advances, and the epoch is
+    still exact."""
+    import time
+
+    from feedline.sources.store import READ_AHEAD
+
+    ds = open_dataset(cifar)
+    kw = {"load_rounds": 6, "chunk": 16, "seed": 5, "decode": False}
+    with (
+        Loader(ds, 16, preset="deepio-ordered", **kw) as st,
+        Loader(ds, 16, preset="deepio-ordered", source="direct", **kw) as ref,
+    ):
+        it = iter(st)
+        got = [next(it)]
+        src = st._source
+        count = src._rounds.count  # about 6 (whole units of 16)
+        assert count >= 5 and int(src._rounds.step_max[3]) == 0
+        time.sleep(0.3)  # the producer is 2 steps ahead, still in round 0
+        assert src._ahead_hi <= READ_AHEAD < src._rounds.last
+        assert st.stats()["rounds_loaded"] <= 1 + READ_AHEAD
+        got += list(it)
+        assert st.stats()["rounds_loaded"] == count
+        want = _epoch(ref)
+        assert _same([(b.ids, np.ascontiguousarray(b.data)) for b in got], want)
+
+
 def test_progressive_store_switching_seeds_serves_the_right_bytes(cifar):
     """Rounds of another seed's layout are kept in memory, but their placement is
     forgotten once rounds of the new seed overwrite it: switching back re-places them."""

@@ -46,7 +46,6 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -69,6 +68,7 @@ from .store_errors import (  # noqa: F401 - re-exported: the store's errors live
     StorePeerFailed,
     StorePeerLeft,
     _code_of,
+    _RoundLoad,
     flush_orphans,
 )
 from .store_plan import (  # noqa: F401 - re-exported: the store's layout lives there
@@ -83,23 +83,11 @@ from .store_plan import (  # noqa: F401 - re-exported: the store's layout lives 
 )
 
 CLOSE_GRACE_S = 5.0
-READ_AHEAD = 2  # rounds of a progressive store read at once ahead of the one loading
+READ_AHEAD = 2  # a progressive store's rounds read at once, and loaded past the consumer's
 STALL_S = 10.0  # close() says it is waiting for the others after this long
 _log = logging.getLogger("feedline.store")
 
 _PASS_KEYS = ("rma_gets", "shm_gets", "rma_bytes", "rma_wait_s", "node_bytes", "local_bytes")
-
-
-@dataclass
-class _RoundLoad:
-    """A round being loaded into the store: C1, this rank's share read, C2 (the stage
-    says which collective comes next, so a stopped ``get`` resumes where it was)."""
-
-    round: int
-    stage: int = 0  # 0: C1 next; 1: C1 done, the share is read; 2: C2 next
-    code: int = _OK  # this rank's outcome, told to the others at C2
-    error: BaseException | None = None  # this rank's error, raised after C2
-    future: Any = None  # the share's read in flight
 
 
 class StoreSource(Source):
@@ -144,6 +132,7 @@ class StoreSource(Source):
         self._ahead: dict[int, Any] = {}
         self._ahead_hi = -1  # the highest round of the pass whose read was submitted
         self._pass_first = 0
+        self._lead = 0  # the round the consumer's step needs (paces a progressive load)
         # the resident keys owner/disp describe (a round's placement writes only its own
         # ids: the rounds of a progressive store stay placed across passes)
         self._placed: set[Any] = set()
@@ -316,9 +305,19 @@ class StoreSource(Source):
         return (
             self._next is None
             and r <= self._rounds.last
+            and self._paced(r)
             and r - self._nslots < int(self._rounds.step_min[step])
             and self._resident[r % self._nslots] != self._load_key(r)  # kept (progressive)
         )
+
+    def _paced(self, r: int) -> bool:
+        """Round *r* may start loading now: a progressive store loads at most
+        :data:`READ_AHEAD` rounds past the consumer's, so its first epoch reads at the
+        consumer's pace, as double buffering does. Loading as fast as the disk allowed
+        took the CPU from the epoch's first steps (4 ranks on 2 cores stalled 15-25 ms
+        at every other step of the first 50, until the whole dataset was read)."""
+        rounds = self._rounds
+        return rounds is None or not rounds.progressive or r <= self._lead + READ_AHEAD
 
     def _load_key(self, r: int) -> Any:
         """What slot r holds once loaded: the whole dataset, a progressive store's round
@@ -451,7 +450,7 @@ class StoreSource(Source):
             st = self._next
             if st is None:
                 r = self._hi + 1
-                if r > rounds.last:
+                if r > rounds.last or not self._paced(r):
                     return
                 if self._resident[r % self._nslots] == self._load_key(r):
                     self._complete(r)  # kept from an earlier pass: placed, no collective
@@ -490,7 +489,7 @@ class StoreSource(Source):
             if nxt.round == self._pass_first:  # type: ignore[union-attr]
                 return  # the pass's first batch waits for this round: the disk is its own
             busy += 1
-        while busy < READ_AHEAD and self._ahead_hi < rounds.last:
+        while busy < READ_AHEAD and self._ahead_hi < min(rounds.last, self._lead + READ_AHEAD):
             k = self._ahead_hi = self._ahead_hi + 1
             slot = k % self._nslots
             if k <= self._hi or self._resident[slot] == self._load_key(k):
@@ -588,7 +587,7 @@ class StoreSource(Source):
         else:
             self._hi, self._done_pass = rounds.last, True
         self._ahead_hi = self._hi
-        self._pass_first = self._hi + 1  # the round the pass's first batch waits for
+        self._pass_first = self._lead = self._hi + 1  # the round the first batch waits for
         self._step = first_step
         self._ids = self._offs = None
         self._plan = plan
@@ -617,7 +616,7 @@ class StoreSource(Source):
 
     def _ensure(self, step: int) -> None:
         assert self._rounds is not None
-        need = int(self._rounds.step_max[step])
+        need = self._lead = int(self._rounds.step_max[step])
         while self._hi < need:
             self._complete(self._hi + 1)
         if self._may_begin(step):  # the next round loads while this one is served

@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The DeepIO store's outcomes (``sources/store.py``): the codes its collectives carry,
+the state of a round being loaded (:class:`_RoundLoad`: what this rank tells at C2),
 the typed errors every rank raises together, and what is left to do at exit when a
 store gave up or a peer died (:func:`flush_orphans`)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..dist import ops as mpi
@@ -13,6 +15,18 @@ from ..errors import CorruptDataError, FeedlineError, StorageError
 
 _OK, _LEFT, _STORAGE, _CORRUPT, _OTHER, _GONE = 0, 1, 2, 3, 4, 5
 _CODE_NAMES = {_STORAGE: "StorageError", _CORRUPT: "CorruptDataError", _OTHER: "an error"}
+
+
+@dataclass
+class _RoundLoad:
+    """A round being loaded into the store: C1, this rank's share read, C2 (the stage
+    says which collective comes next, so a stopped ``get`` resumes where it was)."""
+
+    round: int
+    stage: int = 0  # 0: C1 next; 1: C1 done, the share is read; 2: C2 next
+    code: int = _OK  # this rank's outcome, told to the others at C2
+    error: BaseException | None = None  # this rank's error, raised after C2
+    future: Any = None  # the share's read in flight
 
 
 _ORPHANS: list[Any] = []  # collectives of stores that gave up: (request, buffers...)

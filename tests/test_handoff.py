@@ -1,0 +1,104 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The hand-off between a pass's producer thread and its consumer (pipeline/runner.py):
+a ready batch costs the consumer no thread wake-up once it takes steps slower than
+``_RING_BELOW_S`` (the producer paces itself), every batch still arrives in order, and
+closing a pass whose producer is pacing itself returns at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from feedline.pipeline.runner import _RING_BELOW_S, EpochRun, _Bell
+from feedline.sources.base import RawBatch
+
+
+class _Ready:
+    """A threaded source whose batches are always ready (cut out of its buffers)."""
+
+    threaded = True
+
+    def __init__(self) -> None:
+        self.finished = self.stopped = False
+
+    def get(self, step: int) -> RawBatch:
+        return RawBatch(np.array([step]), np.full(8, step % 251, np.uint8), np.array([8]))
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def request_stop(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _run(steps: int, period_s: float) -> tuple[EpochRun, list[int]]:
+    run = EpochRun(_Ready(), 0, steps, lambda raw, s: (s, raw.ids[0]), depth=2)
+    got = []
+    for step, sid in run:
+        got.append(int(sid))
+        assert step == sid
+        time.sleep(period_s)
+    return run, got
+
+
+def test_a_slow_consumer_does_not_wake_the_producer_at_every_step():
+    run, got = _run(60, 3 * _RING_BELOW_S)
+    assert got == list(range(60))
+    # the first steps ring (the period is not known yet), then the producer paces
+    # itself; a ring now and then when it overslept (the old hand-off rang 60 times)
+    assert run._producer_bell.rings <= 20
+    assert run.source.finished
+
+
+def test_a_fast_consumer_is_rung_for():
+    run, got = _run(200, 0.0)
+    assert got == list(range(200))
+    assert run._period < _RING_BELOW_S  # a step every few us: rung at each step
+
+
+def test_closing_a_pacing_producer_returns_at_once():
+    run = EpochRun(_Ready(), 0, 1000, lambda raw, s: s, depth=2)
+    for _ in range(6):
+        next(run)
+        time.sleep(0.03)  # a 30 ms step: the producer sleeps until just before the next
+    t0 = time.perf_counter()
+    run.close()
+    assert time.perf_counter() - t0 < 0.5
+    assert run._thread is None and run.source.stopped
+
+
+def test_bell_never_loses_a_ring():
+    """A waiter that raised its flag and re-checked sees every change a ringer made
+    before ringing: 20,000 hand-offs between two threads, none lost (a lost one leaves
+    the waiter asleep until its 1 s timeout)."""
+    bell, box, n = _Bell(), [0], 20_000
+    timeouts = 0
+    done = threading.Event()
+
+    def ringer():
+        for i in range(1, n + 1):
+            box[0] = i
+            bell.ring()
+        done.set()
+
+    t = threading.Thread(target=ringer)
+    seen, t0 = 0, time.perf_counter()
+    t.start()
+    while seen < n:
+        bell.waiting = True
+        if box[0] != seen:
+            seen = box[0]
+            bell.waiting = False
+            continue
+        w0 = time.perf_counter()
+        bell.wait(1.0)
+        bell.waiting = False
+        timeouts += time.perf_counter() - w0 >= 0.99 and box[0] == seen and not done.is_set()
+        assert time.perf_counter() - t0 < 60
+    t.join()
+    assert done.is_set() and seen == n and timeouts == 0
