@@ -346,11 +346,15 @@ def test_store_auto_semantics_and_resume_across_choices(cifar):
         assert s["source"] == "store" and s["plan_store"] == "chosen"
         assert s["plan_figures"]["later_epoch_s"] < s["plan_figures"]["first_epoch_s"]
         assert auto.strategy.assignment == "memory" and auto.strategy.store == "ordered"
+        assert auto.strategy.read == "odirect"  # what the store keeps is not cached twice
         got = _epoch(auto)
         ids = np.concatenate([g[0] for g in got])
         assert np.array_equal(np.sort(ids), np.arange(len(ds)))
     with Loader(ds, 32, preset="deepio-ordered", **kw) as deepio:  # the same batches
+        assert deepio.strategy.read == "pread"  # the paper's preset reads as it did
         assert _same(got, _epoch(deepio))
+    with Loader(ds, 32, read="pread", **kw) as asked:  # a read= the user gave wins
+        assert asked.stats()["source"] == "store" and asked.strategy.read == "pread"
     for extra, why in (
         ({"store": "off"}, "store='off'"),
         ({"source": "direct"}, "source='direct' asked for"),
