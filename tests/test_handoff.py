@@ -16,14 +16,18 @@ from feedline.sources.base import RawBatch
 
 
 class _Ready:
-    """A threaded source whose batches are always ready (cut out of its buffers)."""
+    """A threaded source whose batches are ready (cut out of its buffers), or take
+    *read_s* each (a sleep: the GIL is free meanwhile)."""
 
     threaded = True
 
-    def __init__(self) -> None:
+    def __init__(self, read_s: float = 0.0) -> None:
         self.finished = self.stopped = False
+        self.read_s = read_s
 
     def get(self, step: int) -> RawBatch:
+        if self.read_s:
+            time.sleep(self.read_s)
         return RawBatch(np.array([step]), np.full(8, step % 251, np.uint8), np.array([8]))
 
     def finish(self) -> None:
@@ -70,6 +74,60 @@ def test_closing_a_pacing_producer_returns_at_once():
     run.close()
     assert time.perf_counter() - t0 < 0.5
     assert run._thread is None and run.source.stopped
+
+
+def test_a_long_step_does_not_make_the_producer_oversleep():
+    """One long step (an evaluation) inflates the average period; the consumer then
+    rings the producer when it comes earlier than the producer meant to look, so the
+    reads after it stay hidden (without that, ~10 steps waited for a whole read)."""
+    run = EpochRun(_Ready(read_s=0.004), 0, 1000, lambda raw, s: s, depth=2)
+    for _ in range(30):
+        next(run)
+        time.sleep(0.006)
+    time.sleep(0.5)
+    slow = 0
+    for _ in range(30):
+        t0 = time.perf_counter()
+        next(run)
+        slow += time.perf_counter() - t0 > 0.003
+        time.sleep(0.006)
+    run.close()
+    assert slow <= 4
+
+
+def test_a_paused_consumer_costs_no_polling():
+    """A consumer that stops taking steps for a while (the iterator kept) is rung for
+    when it is back; the producer does not look 16 times a period meanwhile (a 1 s
+    pause at a 1.5 ms period would be ~10,000 wake-ups)."""
+    run = EpochRun(_Ready(), 0, 1000, lambda raw, s: s, depth=2)
+    for _ in range(30):
+        next(run)
+        time.sleep(0.0015)
+    w0 = run._producer_bell.waits
+    time.sleep(1.0)
+    assert run._producer_bell.waits - w0 <= 60  # _POLL (50 ms) sleeps, and a few looks
+    assert [next(run) for _ in range(5)] == list(range(30, 35))
+    run.close()
+
+
+def test_close_from_another_thread_ends_a_blocked_next():
+    """A consumer blocked in next() (a slow read, no timeout_s) when another thread
+    closes the pass gets StopIteration at once, not a wait for ever."""
+    run = EpochRun(_Ready(read_s=0.3), 0, 100, lambda raw, s: s, depth=2)
+    got: list[BaseException] = []
+
+    def consume():
+        try:
+            next(run)
+        except BaseException as e:
+            got.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.05)
+    run.close()
+    t.join(2.0)
+    assert not t.is_alive() and len(got) == 1 and isinstance(got[0], StopIteration)
 
 
 def test_bell_never_loses_a_ring():

@@ -502,6 +502,33 @@ def test_progressive_load_keeps_pace_with_the_consumer(cifar):
         assert _same([(b.ids, np.ascontiguousarray(b.data)) for b in got], want)
 
 
+def test_progressive_rounds_needing_c1_begin_only_when_a_step_needs_them(cifar):
+    """After a seed switch a progressive store's slots hold the other seed's rounds:
+    freeing one takes C1, a blocking collective. It must come at the step that needs
+    the round, the same on every rank, never early at a step set by when this rank saw
+    a C2 complete (it could wait there for a peer blocked in the training loop's own
+    collective, which waits for this rank's batch). The epoch is still exact."""
+    import time
+
+    ds = open_dataset(cifar)
+    kw = {"load_rounds": 6, "chunk": 16, "decode": False}
+    with Loader(ds, 16, preset="deepio-ordered", seed=5, **kw) as a:
+        _epoch(a)  # every slot holds a round of seed 5
+        with Loader(ds, 16, preset="deepio-ordered", seed=6, **kw) as b:
+            state = b.state_dict()
+        a.load_state_dict(state, strict=False)  # seed 6, epoch 0, from step 0
+        it = iter(a)
+        got = [next(it)]
+        time.sleep(0.3)  # the producer runs 2 steps ahead, all in round 0
+        src = a._source
+        assert int(src._rounds.step_max[3]) == 0
+        assert src._hi == 0 and src._next is None and not src._ahead  # nothing read early
+        got += list(it)
+        with Loader(ds, 16, preset="deepio-ordered", source="direct", seed=6, **kw) as ref:
+            want = _epoch(ref)
+        assert _same([(g.ids, np.ascontiguousarray(g.data)) for g in got], want)
+
+
 def test_progressive_store_switching_seeds_serves_the_right_bytes(cifar):
     """Rounds of another seed's layout are kept in memory, but their placement is
     forgotten once rounds of the new seed overwrite it: switching back re-places them."""

@@ -54,12 +54,13 @@ class _Bell:
 
     The waiter raises ``waiting``, re-checks its condition, then :meth:`wait` s; the
     ringer changes the state first and rings only when it sees ``waiting`` (under the
-    GIL the flag and the state are seen in program order, so no wake-up is lost). A ring
+    GIL the flag and the state are seen in program order, so no wake-up is lost; without
+    a GIL on a weakly ordered CPU one could be, costing a waiter its timeout). A ring
     nobody waited for leaves the lock open: the next wait returns at once and its
     caller re-checks, as after any spurious wake-up.
     """
 
-    __slots__ = ("_lock", "rings", "urgent", "waiting")
+    __slots__ = ("_lock", "rings", "urgent", "waiting", "waits", "wake_at")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -67,6 +68,8 @@ class _Bell:
         self.waiting = False
         self.urgent = True  # the waiter wants a ring at every change, not only when needed
         self.rings = 0  # rings that woke (or would have woken) a waiter
+        self.wake_at = 0.0  # when a pacing waiter means to look again (perf_counter)
+        self.waits = 0  # sleeps begun (a pacing waiter's wake-ups)
 
     def ring(self, always: bool = False) -> None:
         if self.waiting or always:
@@ -76,6 +79,7 @@ class _Bell:
                 self._lock.release()
 
     def wait(self, timeout: float) -> None:
+        self.waits += 1
         self._lock.acquire(timeout=timeout)
 
 
@@ -131,6 +135,7 @@ class EpochRun:
         self.exposed_s = 0.0
         self.delivered = 0
         self._closed = False
+        self._close_lock = threading.Lock()
         self._pid = os.getpid()  # a forked child's copy must not touch the parent's threads
         self._stalled = False  # the consumer gave up waiting (timeout_s)
         #: True when close() left a producer thread stuck in a read (the source is unusable)
@@ -168,24 +173,30 @@ class EpochRun:
         thread awake at each step. A slower consumer (a training step of milliseconds)
         does not: ringing costs it a futex wake per step (5-10 us on a VM), so this
         thread sleeps until just before the consumer is expected to take its next step
-        (its period, averaged) and then looks every sixteenth of a period; the
-        consumer still rings when it finds its batch missing (``_wait_item``).
+        (its period, averaged) and then looks every sixteenth of a period. The consumer
+        still rings when it comes earlier than this thread means to look (a step shorter
+        than the average, e.g. after a long one) or finds its batch missing; and when it
+        is overdue by a period (it paused), this thread sleeps until it is rung.
         """
         bell = self._producer_bell
         while step - self._taken >= self.depth:
             if self._stop.is_set():
                 return False
             period = self._period
-            bell.urgent = period < _RING_BELOW_S
+            due = self._taken_t + period * (step - self._taken - self.depth + 1)
+            now = time.perf_counter()
+            # a consumer overdue by a period paused (an evaluation, a checkpoint): it
+            # rings when it is back, instead of this thread looking 16 times a period
+            bell.urgent = period < _RING_BELOW_S or now > due + period
             bell.waiting = True
             if step - self._taken < self.depth:  # re-check after raising the flag
                 break
             if bell.urgent:
                 bell.wait(_POLL)
                 continue
-            due = self._taken_t + period * (step - self._taken - self.depth + 1)
-            ahead = due - time.perf_counter() - period / 8
-            bell.wait(min(_POLL, max(ahead, period / 16, _LOOK_MIN_S)))
+            sleep = min(_POLL, max(due - now - period / 8, period / 16, _LOOK_MIN_S))
+            bell.wake_at = now + sleep
+            bell.wait(sleep)
         bell.waiting = False
         return not self._stop.is_set()
 
@@ -255,8 +266,8 @@ class EpochRun:
         # the consumer is done with the previous batch: the producer may run one further
         self._taken = step
         bell = self._producer_bell
-        if bell.urgent:
-            bell.ring()
+        if bell.urgent or (bell.waiting and bell.wake_at - t0 > self._period / 8):
+            bell.ring()  # rung for; or the producer would look too late (a long step)
         item = self._done.pop(step, None)
         if item is None:
             bell.ring()  # the producer may be pacing itself: this step needs it now
@@ -274,6 +285,8 @@ class EpochRun:
                 item = self._done.pop(step, None)  # re-check after raising the flag
                 if item is not None:
                     return item
+                if self._closed:  # close() from another thread: this pass ends here
+                    raise StopIteration
                 if self.timeout_s and time.perf_counter() - t0 > self.timeout_s + _GRACE_S:
                     # reads through the engine raise their own StorageTimeoutError at
                     # timeout_s; this is a stall elsewhere (mmap, a cursor, a peer)
@@ -308,9 +321,10 @@ class EpochRun:
         reading what it anticipates of the next epoch); before, it is stopped. In a child
         forked while the pass ran it only marks the pass closed.
         """
-        if self._closed:
-            return
-        self._closed = True
+        with self._close_lock:  # two threads closing at once: one does the work
+            if self._closed:
+                return
+            self._closed = True
         if os.getpid() != self._pid:
             # a child forked while this pass ran (its __del__ or the exit hooks): the
             # threads, the pool's workers and the source's reads exist in the parent
@@ -319,6 +333,7 @@ class EpochRun:
         natural = self.next_step >= self.last
         self._stop.set()
         self._producer_bell.ring(always=True)  # a producer waiting for budget returns now
+        self._consumer_bell.ring(always=True)  # so does a consumer waiting for a batch
         if not natural:
             self.source.request_stop()  # wakes a get() blocked in the producer
         if self._thread is not None:

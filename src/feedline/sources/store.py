@@ -311,13 +311,13 @@ class StoreSource(Source):
         )
 
     def _paced(self, r: int) -> bool:
-        """Round *r* may start loading now: a progressive store loads at most
-        :data:`READ_AHEAD` rounds past the consumer's, so its first epoch reads at the
-        consumer's pace, as double buffering does. Loading as fast as the disk allowed
-        took the CPU from the epoch's first steps (4 ranks on 2 cores stalled 15-25 ms
-        at every other step of the first 50, until the whole dataset was read)."""
+        """Round *r* may begin before a step needs it: a progressive store's at most
+        :data:`READ_AHEAD` past the consumer's (docs/deepio.md, "Loading") and needing
+        no C1 (it would block at a step of this rank's own: docs/deepio.md, "Loading")."""
         rounds = self._rounds
-        return rounds is None or not rounds.progressive or r <= self._lead + READ_AHEAD
+        if rounds is None or not rounds.progressive:
+            return True
+        return r <= self._lead + READ_AHEAD and self._free_slot(r)
 
     def _load_key(self, r: int) -> Any:
         """What slot r holds once loaded: the whole dataset, a progressive store's round
@@ -455,7 +455,7 @@ class StoreSource(Source):
                 if self._resident[r % self._nslots] == self._load_key(r):
                     self._complete(r)  # kept from an earlier pass: placed, no collective
                     continue
-                self._begin(r)  # submits (or adopts) its read; C1 only if its slot is held
+                self._begin(r)  # submits (or adopts) its read; no C1 (_paced)
                 st = self._next
                 assert st is not None
             if st.stage == 1:
@@ -681,6 +681,7 @@ class StoreSource(Source):
         if self._hi >= self._rounds.last and self._next is None:
             return
         self._stop.clear()
+        self._lead = self._rounds.last  # serving the others: read ahead freely
         self._serve = threading.Thread(
             target=self._serve_rest, name=f"feedline-r{self._me}-store-serve", daemon=True
         )
