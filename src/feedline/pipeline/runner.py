@@ -9,7 +9,7 @@ decodes inline; so it does with a source that runs its own I/O thread and buffer
 (``threaded``) at d <= 1, where one buffer means no overlap by definition. A threaded
 source at d >= 2 still gets the producer and workers: its sub-batches are cut out of
 its buffers and decoded ahead, so that a ready batch costs the consumer a queue pop
-(6-18 us) instead of a copy and a decode. The consumer's time spent waiting in
+(6-21 us) instead of a copy and a decode. The consumer's time spent waiting in
 ``next`` is the *exposed I/O time*.
 
 A pass that delivered all its steps ends with ``source.finish()`` (the source may keep
