@@ -292,9 +292,8 @@ class Loader:
             if self._source_name == "direct" and self.strategy.aggregated:  # pragma: no cover
                 self.strategy = self.strategy.replace(readers_per_node=0, region="rank")
         if self._source_name == "store" and "read" not in self._knobs:
-            # the store keeps what it loads: a page-cache copy would hold it twice, and
-            # copying it out of the cache cost epoch 0 CPU (docs/deepio.md, "Loading")
-            self.strategy = self.strategy.replace(read="odirect")
+            files, epochs = self.dataset.files, self.options.epochs
+            self.strategy = self.strategy.replace(read=default_read(files, epochs, store=True))
 
     def explain(self) -> str:
         """The cost model's estimate of this Loader's plan and the runners-up."""

@@ -141,17 +141,18 @@ def pipeline_options(options: dict[str, Any]) -> tuple[PipelineOptions, dict[str
         raise ConfigError(f"invalid loader option: {e}") from None
 
 
-def default_read(files: list[str], epochs: int | None) -> str:
-    """The ``feedline`` preset's read method. ``odirect`` when the job reads its data
-    once (``epochs=1``: no later epoch) or this node's files are too big for its page
-    cache to keep them until the next epoch (FEEDLINE_DIRECT_ABOVE, default RAM/2):
-    caching them would only cost CPU and evict other data. Else buffered
-    ``pread-random`` (the kernel's read-ahead off: tiles are large and scattered, and
-    read-ahead past their ends is bandwidth spent on bytes nobody asked for), so later
-    epochs read memory."""
+def default_read(files: list[str], epochs: int | None, store: bool = False) -> str:
+    """The ``feedline`` preset's read method. ``odirect`` when the DeepIO store holds
+    the data (*store*: it keeps what it loads, so a page-cache copy would hold it twice),
+    when the job reads its data once (``epochs=1``: no later epoch) or when this node's
+    files are too big for its page cache to keep them until the next epoch
+    (FEEDLINE_DIRECT_ABOVE, default RAM/2): caching them would only cost CPU and evict
+    other data. Else buffered ``pread-random`` (the kernel's read-ahead off: tiles are
+    large and scattered, and read-ahead past their ends is bandwidth spent on bytes
+    nobody asked for), so later epochs read memory."""
     import os
 
-    if epochs == 1:
+    if store or epochs == 1:
         return "odirect"
     try:
         total = sum(os.path.getsize(f) for f in files)
