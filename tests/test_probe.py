@@ -91,3 +91,9 @@ def test_emulator_mount_reports_its_own_profile(tmp_path, cache, capsys):
         assert prof.shared_cache == "view"
         assert main(["probe", path, "--seconds", "1"]) == 0
         assert "emulator profile" in capsys.readouterr().out
+    # the profile is kept per mount; a new mount at the same place has its own
+    params = EmulatorParams(latency_us=250, node_mbps=400)
+    with Emulator(src, tmp_path / "mnt", nodes=2, params=params) as emu:
+        path = os.path.join(emu.node_template.replace("{node}", "0"), "f.bin")
+        prof = get_profile(None, path)
+        assert prof.latency_s == pytest.approx(250e-6) and prof.node_bw == pytest.approx(400e6)

@@ -318,3 +318,59 @@ def test_the_next_epochs_first_window_is_read_ahead(tmp_path):
             if e in want:
                 assert np.array_equal(data, want[e][1])
         assert told.stats()["anticipated_windows"] == 4  # epoch 1's only
+
+
+def test_the_tile_order_key_is_the_most_balanced_of_the_candidates():
+    """The vectorised comparison picks what comparing each key on its own picks (the
+    first key of least |rank correlation| with the delivery times), in every batching
+    and with the big-integer sums."""
+    from feedline.plan import assign_window as aw
+    from feedline.plan._perm import permute, subkeys
+
+    def reference(n, tile, key, starts):
+        G = -(-n // tile)
+        keys = subkeys(np.uint64(key), np.arange(1, aw.TILE_KEYS + 1, dtype=np.uint64))
+        v = np.arange(G, dtype=np.int64) * tile
+        st = np.asarray(starts, dtype=np.int64)
+        u = np.clip(np.searchsorted(st, v, side="right") - 1, 0, len(st) - 2)
+        t = (v - st[u]) / np.maximum(st[u + 1] - st[u], 1)
+        r = [int(x) for x in np.argsort(np.argsort(t, kind="stable"), kind="stable")]
+        best, best_c = None, None
+        for k in keys:  # exact rational arithmetic, one key at a time
+            p = [int(x) for x in permute(np.arange(G), G, k)]
+            m = (G - 1) / 2
+            c = abs(sum((a - m) * (b - m) for a, b in zip(r, p, strict=True)))
+            if best_c is None or c < best_c:
+                best, best_c = int(k), c
+        return best
+
+    f = aw._balanced_key_cached.__wrapped__
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        n, tile = int(rng.integers(10, 20_000)), int(rng.integers(1, 200))
+        cut = sorted({int(x) for x in rng.integers(1, n, size=int(rng.integers(0, 4)))})
+        starts, key = (0, *cut, n), int(rng.integers(0, 2**63))
+        want = reference(n, tile, key, starts)
+        assert f(n, tile, key, starts) == want
+        old = (aw._PERMUTE_BATCH, aw._EXACT_TILES)
+        try:
+            aw._PERMUTE_BATCH, aw._EXACT_TILES = 1, 0  # one key per call, object sums
+            assert f(n, tile, key, starts) == want
+        finally:
+            aw._PERMUTE_BATCH, aw._EXACT_TILES = old
+
+
+def test_span_ratio_counts_each_files_first_to_last_byte():
+    from feedline.plan.cost import span_ratio
+    from feedline.plan.records import IndexRecords
+
+    # two files; file 1 has a 100-byte gap before its first record; file 2 is unused
+    fid = np.array([0, 0, 1, 1, 0], dtype=np.int64)
+    off = np.array([0, 10, 100, 150, 20], dtype=np.int64)
+    ln = np.array([10, 10, 50, 50, 30], dtype=np.int64)
+    # spans: file 0 [0, 50) = 50, file 1 [100, 200) = 100; payload 150
+    assert span_ratio(IndexRecords(fid, off, ln)) == pytest.approx(1.0)
+    off1 = np.array([0, 10, 100, 250, 20], dtype=np.int64)  # file 1: [100, 300) = 200
+    assert span_ratio(IndexRecords(fid, off1, ln)) == pytest.approx(250 / 150)
+    one = IndexRecords(np.zeros(3, np.int64), np.array([5, 40, 20]), np.array([10, 10, 10]))
+    assert span_ratio(one) == pytest.approx(45 / 30)

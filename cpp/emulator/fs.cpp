@@ -124,6 +124,7 @@ void synthetic_attr(const Filesystem& fs, fuse_ino_t ino, struct stat& st) {
   st.st_uid = getuid();
   st.st_gid = getgid();
   st.st_blksize = static_cast<blksize_t>(fs.options().max_request_kib) * 1024;
+  st.st_mtim = st.st_ctim = st.st_atim = fs.started();
   if (ino == kRootIno) {
     st.st_mode = S_IFDIR | 0555;
     st.st_nlink = 2 + static_cast<nlink_t>(fs.options().nodes);
@@ -617,6 +618,7 @@ Filesystem::Filesystem(Options opts)
     throw std::runtime_error("cannot open source directory " + opts_.src + ": " +
                              std::strerror(errno));
   clock_gettime(CLOCK_MONOTONIC, &t0_);
+  clock_gettime(CLOCK_REALTIME, &started_);
 }
 
 Filesystem::~Filesystem() {

@@ -151,6 +151,9 @@ class Filesystem {
   void drop_handle(std::uint64_t id);
 
   int src_fd() const { return src_fd_; }
+  /// Wall-clock start of this daemon: the times of the synthetic files, so a client can
+  /// tell this mount from an earlier one at the same place (device numbers are reused).
+  const timespec& started() const { return started_; }
   Model model;
   Accounting accounting;
   CopyCost copy_cost;
@@ -164,6 +167,7 @@ class Filesystem {
   int src_fd_ = -1;
   fuse_session* session_ = nullptr;
   timespec t0_{};
+  timespec started_{};
   int effective_readahead_kib_ = -1;
   // Written once by the start-up helper; reads that arrive while it measures see 0.
   std::atomic<double> path_fixed_{0.0}, path_per_byte_{0.0}, path_cap_{0.0};

@@ -78,6 +78,13 @@ def unlink_mapped_shm(prefix: str = "/dev/shm/mpich_shm_") -> list[str]:
     ``MPI_Init`` (called after a collective, so all have), and the mappings stay valid
     without the names. Returns the paths removed."""
     gone: list[str] = []
+    folder, stem = os.path.split(prefix)
+    try:  # the usual case, nothing left to unlink, without reading the maps (ms)
+        with os.scandir(folder or ".") as it:
+            if not any(e.name.startswith(stem) for e in it):
+                return gone
+    except OSError:
+        return gone
     try:
         with open("/proc/self/maps") as f:
             paths = {ln.split(None, 5)[-1].strip() for ln in f if prefix in ln}

@@ -54,8 +54,31 @@ def emulator_stats(path: str) -> dict[str, Any] | None:
         return None
 
 
+#: emulator profiles already read, by (mount point, device number, the daemon's start
+#: time, which the mount gives its statistics file): a mount's parameters are fixed for
+#: its life, and reading them through FUSE costs milliseconds at every Loader
+_EMULATOR_PROFILES: dict[tuple[str, int, int], dict[str, Any] | None] = {}
+
+
 def emulator_profile(path: str) -> dict[str, Any] | None:
     """The profile a storage emulator mount reports from its own parameters."""
+    m = mount_of(path, "fuse")
+    if m is None:
+        return None
+    try:
+        st = os.stat(os.path.join(m[0], EMULATOR_STATS))
+    except OSError:
+        return None
+    key = (m[0], st.st_dev, st.st_mtime_ns)
+    if st.st_mtime_ns == 0:  # a daemon that does not say when it started: read each time
+        return _emulator_profile(path)
+    if key not in _EMULATOR_PROFILES:
+        _EMULATOR_PROFILES[key] = _emulator_profile(path)
+    prof = _EMULATOR_PROFILES[key]
+    return dict(prof) if prof is not None else None
+
+
+def _emulator_profile(path: str) -> dict[str, Any] | None:
     doc = emulator_stats(path)
     if not doc or "params" not in doc:
         return None

@@ -152,6 +152,10 @@ class WindowStream:
 
 #: keys tried for the tile order (see :func:`_balanced_key`)
 TILE_KEYS = 16
+#: positions permuted in one vectorised call when keys are compared (memory bound)
+_PERMUTE_BATCH = 1 << 18
+#: largest tile count whose correlation sums fit int64 (4 * G**3 / 3 < 2**63)
+_EXACT_TILES = 1_500_000
 
 
 def _balanced_key(n: int, tile: int, key, starts) -> np.uint64:
@@ -183,15 +187,24 @@ def _balanced_key_cached(n: int, tile: int, key: int, starts_t: tuple) -> int:
     u = np.clip(u, 0, len(starts) - 2)
     span = np.maximum(starts[u + 1] - starts[u], 1)
     t = (v - starts[u]) / span
-    pos = np.argsort(np.argsort(t, kind="stable"), kind="stable").astype(np.float64)
-    pos -= pos.mean()
-    best, best_c = keys[0], np.inf
-    for k in keys:
-        g = permute(np.arange(G, dtype=np.int64), G, k).astype(np.float64) - (G - 1) / 2.0
-        c = abs(float(pos @ g))
-        if c < best_c:
-            best, best_c = k, c
-    return int(best)
+    # the rank correlation of each order with the delivery times, in exact integers:
+    # sum((r - m) * (p - m)) = sum(r * p) - G * m**2 with m = (G - 1) / 2, times 4
+    r = np.argsort(np.argsort(t, kind="stable"), kind="stable").astype(np.int64)
+    centre = G * (G - 1) ** 2
+    per_call = max(1, _PERMUTE_BATCH // G)  # keys evaluated in one vectorised call
+    best, best_c = int(keys[0]), None
+    for k0 in range(0, TILE_KEYS, per_call):
+        ks = keys[k0 : k0 + per_call]
+        x = np.tile(np.arange(G, dtype=np.int64), len(ks))
+        p = permute(x, G, np.repeat(ks, G)).reshape(len(ks), G)
+        if G <= _EXACT_TILES:
+            c = [abs(4 * int(v) - centre) for v in p @ r]
+        else:  # sums beyond int64: Python integers
+            c = [abs(4 * int(np.dot(row.astype(object), r.astype(object))) - centre) for row in p]
+        for k, ck in zip(ks, c, strict=True):
+            if best_c is None or ck < best_c:
+                best, best_c = int(k), ck
+    return best
 
 
 def tile_records(strategy, mean_len: float | None, n: int) -> int:

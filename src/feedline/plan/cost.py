@@ -300,10 +300,17 @@ def span_ratio(records) -> float:
         fid = np.asarray(records.file_ids)
         off = np.asarray(records.offsets, dtype=np.int64)
         ln = np.asarray(records.lengths, dtype=np.int64)
-        span = 0
-        for f in np.unique(fid) if len(np.unique(fid[:1])) else []:
-            m = fid == f
-            span += int((off[m] + ln[m]).max() - off[m].min())
+        end = off + ln
+        if int(fid.min()) == int(fid.max()):  # one file (O(n), no sort)
+            span = int(end.max() - off.min())
+        else:  # per file: the first byte and the end of its records
+            nf = int(fid.max()) + 1
+            lo = np.full(nf, np.iinfo(np.int64).max, dtype=np.int64)
+            hi = np.full(nf, -1, dtype=np.int64)
+            np.minimum.at(lo, fid, off)
+            np.maximum.at(hi, fid, end)
+            used = hi >= 0
+            span = int((hi[used] - lo[used]).sum())
         ratio = max(1.0, span / max(int(ln.sum()), 1))
     else:
         ids = np.array([0, n - 1])
