@@ -56,6 +56,7 @@ void register_io(nb::module_& m) {
   nb::class_<IoStats>(m, "_IOStats", "Counters of a submission or of an engine (see IOStats).")
       .def_ro("bytes", &IoStats::bytes)
       .def_ro("storage_bytes", &IoStats::storage_bytes)
+      .def_ro("bounced_bytes", &IoStats::bounced_bytes)
       .def_ro("ops", &IoStats::ops)
       .def_ro("extents", &IoStats::extents)
       .def_ro("tasks", &IoStats::tasks)

@@ -40,12 +40,13 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 
 /// Counters shared by a submission and the engine, added to by many threads.
 struct Counters {
-  std::atomic<std::uint64_t> bytes{0}, storage_bytes{0}, ops{0}, extents{0}, tasks{0}, retries{0},
+  std::atomic<std::uint64_t> bytes{0}, storage_bytes{0}, bounced_bytes{0}, ops{0}, extents{0}, tasks{0}, retries{0},
       minor_faults{0}, major_faults{0}, busy_ns{0};
 
   void fill(IoStats& s) const {
     s.bytes = bytes.load(std::memory_order_relaxed);
     s.storage_bytes = storage_bytes.load(std::memory_order_relaxed);
+    s.bounced_bytes = bounced_bytes.load(std::memory_order_relaxed);
     s.ops = ops.load(std::memory_order_relaxed);
     s.extents = extents.load(std::memory_order_relaxed);
     s.tasks = tasks.load(std::memory_order_relaxed);
@@ -58,12 +59,13 @@ struct Counters {
 
 /// What one task did, added to both counters when it ends.
 struct TaskTally {
-  std::uint64_t bytes = 0, storage_bytes = 0, extents = 0, minor = 0, major = 0, busy_ns = 0;
+  std::uint64_t bytes = 0, storage_bytes = 0, bounced_bytes = 0, extents = 0, minor = 0, major = 0, busy_ns = 0;
 };
 
 void add(Counters& c, const TaskTally& t, const detail::ReadContext& rc, bool count_retries) {
   c.bytes.fetch_add(t.bytes, std::memory_order_relaxed);
   c.storage_bytes.fetch_add(t.storage_bytes, std::memory_order_relaxed);
+  c.bounced_bytes.fetch_add(t.bounced_bytes, std::memory_order_relaxed);
   c.ops.fetch_add(rc.ops, std::memory_order_relaxed);
   c.extents.fetch_add(t.extents, std::memory_order_relaxed);
   c.tasks.fetch_add(1, std::memory_order_relaxed);
@@ -296,6 +298,7 @@ void EngineState::read_direct(const Piece& p, Bounce& bounce, ReadContext& rc, T
   // buffer when the previous read already brought them in.
   if (const unsigned char* held = bounce.find(p.file, p.offset, p.length)) {
     std::memcpy(p.dest, held, static_cast<std::size_t>(p.length));
+    tally.bounced_bytes += static_cast<std::uint64_t>(p.length);
     return;
   }
   const FileTable::Direct d = files.direct(p.file);
@@ -331,6 +334,7 @@ void EngineState::read_direct(const Piece& p, Bounce& bounce, ReadContext& rc, T
                      end_of_file(d.fd, static_cast<std::int64_t>(lo + got)));
     }
     std::memcpy(p.dest, buf + (off - lo), len);
+    tally.bounced_bytes += len;
   } catch (const DirectRefused&) {
     // EINVAL after a direct read of this file succeeded is a real error (a bug in the
     // alignment), not a file system that refuses O_DIRECT.

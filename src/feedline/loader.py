@@ -284,6 +284,12 @@ class Loader:
             raise ConfigError(f"store={base.store!r}: {over}")
         self.strategy = self.choice.strategy
         if mine:  # knobs the user set win over the model's choice
+            # one of a pair sizes the same thing in other units: the model's other goes
+            for a, b in (("chunk", "chunk_bytes"), ("window_steps", "window_bytes")):
+                if a in mine and b not in mine:
+                    mine[b] = 0
+                elif b in mine and a not in mine:
+                    mine[a] = 0
             self.strategy = self.strategy.replace(**mine)
         if explicit_source is None and self.strategy.store in ("ordered", "opportunistic"):
             self._source_name = "store"
@@ -472,7 +478,8 @@ class Loader:
         if self.options.epochs is None or self._epoch + 1 < self.options.epochs:
             self._source.anticipate(_following(self, self._epoch + 1))  # not past the last
         depth = int(self.strategy.prefetch_depth)
-        if self._pool is None and not inline_run(self._source, depth):
+        light = not self.decode and self.transform is None and self._index.packed is None
+        if self._pool is None and not light and not inline_run(self._source, depth):
             self._pool = ThreadPoolExecutor(
                 max_workers=self.options.workers,
                 thread_name_prefix=f"feedline-pool-r{self.world.rank}-work",
@@ -485,6 +492,7 @@ class Loader:
             depth=depth,
             pool=self._pool,
             workers=self.options.workers,
+            light=light,
             timeout_s=self.options.timeout_s,
             name=f"feedline-r{self.world.rank}",
         )
@@ -682,6 +690,9 @@ class Loader:
             best = self.choice.best  # the plan that ran; its estimate next to measured passes
             out["epoch_s"] = list(self.__dict__.get("_pass_times", []))  # pipeline/passes.py
             out["plan"] = best.label()
+            mine = {k: v for k, v in self._knobs.items() if k in CHOSEN_KNOBS}
+            if mine:  # what ran differs from the model's candidate by these
+                out["plan"] += ", then " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items()))
             out["plan_profile"] = self.choice.profile.name
             out["plan_estimate_s"] = best.cost
             out["plan_estimate_terms"] = dict(best.terms)

@@ -86,6 +86,8 @@ struct IoStats {
   std::uint64_t bytes = 0;          ///< payload bytes delivered into buffers
   std::uint64_t storage_bytes = 0;  ///< bytes asked of storage (O_DIRECT rounds each read
                                     ///< out to the alignment; mmap: bytes copied)
+  std::uint64_t bounced_bytes = 0;  ///< O_DIRECT bytes copied out of a bounce buffer (the
+                                    ///< read was not aligned where it lands)
   std::uint64_t ops = 0;            ///< read system calls issued, retries included
   std::uint64_t extents = 0;        ///< extents executed
   std::uint64_t tasks = 0;          ///< tasks (chunks or runs of small extents) executed

@@ -51,6 +51,10 @@ class IOStats:
     storage_bytes : int
         Bytes asked of storage (``O_DIRECT`` rounds each read out to the alignment; for
         ``mmap`` the bytes copied).
+    bounced_bytes : int
+        ``O_DIRECT`` bytes copied out of the engine's bounce buffer because the read was
+        not aligned in the file or in the destination (0 when every read landed in
+        place: read operations widened to whole blocks, ``plan.reads.align_op``).
     ops : int
         Read system calls issued, retries included (0 for ``mmap``: it pages on faults).
     extents, tasks : int
@@ -71,6 +75,7 @@ class IOStats:
 
     bytes: int = 0
     storage_bytes: int = 0
+    bounced_bytes: int = 0
     ops: int = 0
     extents: int = 0
     tasks: int = 0

@@ -110,6 +110,34 @@ def gather(
     return out
 
 
+#: the block an ``odirect`` read is aligned to when FEEDLINE_IO_ALIGN does not say (a
+#: multiple of every common logical block size: 512 B, 4 KiB)
+DIRECT_BLOCK = 4096
+
+
+def aligned_empty(nbytes: int, align: int = DIRECT_BLOCK) -> np.ndarray:
+    """An uninitialised uint8 buffer of *nbytes* whose first byte is *align*-aligned
+    (numpy's large arrays start 16 bytes into a page, which ``O_DIRECT`` refuses)."""
+    raw = np.empty(int(nbytes) + align, dtype=np.uint8)
+    k = (-raw.ctypes.data) % align
+    return raw[k : k + int(nbytes)]
+
+
+def direct_align(files: list[str], method: str) -> tuple[int, Any]:
+    """``(block, file sizes)`` for widening read operations to whole direct-I/O blocks
+    (:func:`feedline.plan.reads.align_op`) when *method* is ``odirect``; ``(0, None)``
+    otherwise or when a file's size cannot be read."""
+    import os
+
+    if method != "odirect":
+        return 0, None
+    try:
+        sizes = np.array([os.path.getsize(f) for f in files], dtype=np.int64)
+    except OSError:
+        return 0, None
+    return int(defaults.get("io_align")) or DIRECT_BLOCK, sizes
+
+
 class _Native:
     """The native engine (:class:`feedline.io.engine.IOEngine`): C++ threads,
     pread/O_DIRECT, retries of transient errors, typed errors from ``result()``."""
@@ -134,6 +162,7 @@ class _Native:
         st = self._impl.stats()
         return {
             "storage_bytes": int(st.storage_bytes),
+            "bounced_bytes": int(st.bounced_bytes),
             "storage_ops": int(st.ops),
             "io_s": float(st.busy_s),
             "io_retries": int(st.retries),

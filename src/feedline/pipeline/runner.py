@@ -101,6 +101,10 @@ class EpochRun:
         pool of *workers* threads is made for this pass and shut down with it.
     workers : int
         Size of *pool* (with a threaded source and one worker, the producer decodes).
+    light : bool
+        *assemble* only wraps the records (no decoding, unpacking or transform): the
+        producer does it, one thread hand-off (a futex wake on a loaded machine) fewer
+        per step.
     timeout_s : float
         Longest wait for one batch (0: no limit).
 
@@ -123,6 +127,7 @@ class EpochRun:
         depth: int,
         workers: int = 1,
         pool: ThreadPoolExecutor | None = None,
+        light: bool = False,
         timeout_s: float = 0.0,
         name: str = "feedline",
     ) -> None:
@@ -153,8 +158,9 @@ class EpochRun:
         self._taken_t = time.perf_counter()  # when the consumer took its last step
         self._futures: collections.deque[Future] = collections.deque()  # work not yet done
         # a threaded source reads on its own thread: the producer only cuts sub-batches
-        # out of its buffers, so it decodes them too, one thread hand-off fewer per step
-        self._assemble_here = source.threaded and workers <= 1
+        # out of its buffers, so it decodes them too, one thread hand-off fewer per step;
+        # so it does when there is nothing to decode
+        self._assemble_here = light or (source.threaded and workers <= 1)
         if not self._inline and first < last:
             if self._assemble_here:
                 pool = None

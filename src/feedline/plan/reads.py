@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -66,6 +66,9 @@ class ReadOp:
         Byte offset of each sample in the operation's buffer.
     size : numpy.ndarray of int64
         Byte length of each sample.
+    dest : numpy.ndarray of int64 or None
+        Where each extent lands in the buffer; None: back to back (``align_op`` spaces
+        them to whole blocks).
     """
 
     reader: int
@@ -79,11 +82,28 @@ class ReadOp:
     slot: np.ndarray
     src: np.ndarray
     size: np.ndarray
+    dest: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
         """Bytes read from storage (holes included)."""
         return int(self.lengths.sum())
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the operation's buffer (its extents back to back, or at ``dest``)."""
+        if self.dest is None or not len(self.dest):
+            return self.nbytes
+        return int(self.dest[-1] + self.lengths[-1])
+
+    def placement(self) -> np.ndarray:
+        """Where each extent lands in the buffer (``dest``, else back to back)."""
+        if self.dest is not None:
+            return self.dest
+        out = np.zeros(len(self.lengths), dtype=np.int64)
+        if len(self.lengths) > 1:
+            np.cumsum(self.lengths[:-1], out=out[1:])
+        return out
 
     @property
     def payload(self) -> int:
@@ -286,3 +306,56 @@ def iter_reads(plan: Plan, reader: int) -> Iterator[ReadOp]:
 def reads_of(plan: Plan, reader: int) -> list[ReadOp]:
     """All read operations of *reader* (one per window; some may be empty)."""
     return list(iter_reads(plan, reader))
+
+
+#: extents shorter than this many alignment blocks (on average) are left as they are:
+#: widening them would cost more memory than the copy it saves
+ALIGN_MIN_BLOCKS = 16
+
+
+def align_op(op: ReadOp, align: int, file_sizes) -> ReadOp:
+    """*op* with every extent widened to whole blocks of *align* bytes (clamped at its
+    file's end) and blocks shared by neighbours merged, so that a buffer aligned to
+    *align* receives every extent at an aligned place: an ``O_DIRECT`` engine then reads
+    straight into the buffer, where it otherwise reads each extent into a bounce buffer
+    and copies it (one memcpy of every byte). Costs at most ``2 * align`` bytes of buffer
+    and storage per extent; ops whose extents average fewer than ``ALIGN_MIN_BLOCKS``
+    blocks are returned unchanged. Pure: ids, steps, slots and sizes are kept, ``src``
+    points into the widened layout."""
+    n = len(op.lengths)
+    if align <= 1 or n == 0 or int(op.lengths.sum()) < ALIGN_MIN_BLOCKS * align * n:
+        return op
+    sizes = np.asarray(file_sizes, dtype=np.int64)
+    fid, off, ln = op.file_ids, op.offsets, op.lengths
+    start = np.zeros(n, dtype=np.int64)
+    np.cumsum(ln[:-1], out=start[1:])
+    # each sample's file offset, from its place in the old layout
+    j = np.searchsorted(start, op.src, side="right") - 1
+    s_off = off[j] + (op.src - start[j])
+    lo = off // align * align
+    hi = np.minimum(-(-(off + ln) // align) * align, np.maximum(sizes[fid], off + ln))
+    # merge widened extents of one file that touch or overlap
+    new = np.ones(n, dtype=bool)
+    new[1:] = (fid[1:] != fid[:-1]) | (lo[1:] > hi[:-1])
+    group = np.cumsum(new) - 1
+    g_lo = lo[new]
+    g_hi = np.maximum.reduceat(hi, np.flatnonzero(new))
+    g_fid = fid[new]
+    g_len = g_hi - g_lo
+    # an extent that ends at its file's end, inside a block: its whole blocks, then the
+    # tail on its own (the only bytes that still go through the bounce buffer)
+    cut = g_hi // align * align
+    split = (g_hi % align != 0) & (cut > g_lo)
+    rep = np.where(split, 2, 1)
+    first = np.cumsum(rep) - rep
+    fid2, lo2, len2 = np.repeat(g_fid, rep), np.repeat(g_lo, rep), np.repeat(g_len, rep)
+    at = first[split]
+    len2[at] = cut[split] - g_lo[split]
+    lo2[at + 1] = cut[split]
+    len2[at + 1] = g_hi[split] - cut[split]
+    # every piece at a multiple of the block in the buffer (a tail is padded)
+    dest = np.zeros(len(len2), dtype=np.int64)
+    np.cumsum(-(-len2[:-1] // align) * align, out=dest[1:])
+    k = group[j]
+    src = dest[first[k]] + (s_off - g_lo[k])
+    return replace(op, file_ids=fid2, offsets=lo2, lengths=len2, src=src, dest=dest)

@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.reader import ExtentReader, ReadList, gather
+from ..pipeline.reader import (
+    DIRECT_BLOCK,
+    ExtentReader,
+    ReadList,
+    aligned_empty,
+    direct_align,
+    gather,
+)
 from .base import RawBatch, Source, SourceContext, register_source
 
 
@@ -42,9 +49,9 @@ class _Window:
         self.size = op.size[order]
         st = op.step[order]
         self.lo = np.searchsorted(st, np.arange(op.steps.start, op.steps.stop + 1))
-        self.base = base  # a buffer of the source's pool, at least op.nbytes long
-        self.buf = base[: op.nbytes]
-        reads = ReadList(op.file_ids, op.offsets, op.lengths, _dest(op.lengths))
+        self.base = base  # a buffer of the source's pool, at least op.buffer_bytes long
+        self.buf = base[: op.buffer_bytes]
+        reads = ReadList(op.file_ids, op.offsets, op.lengths, op.placement())
         self.future = reader.submit(reads, self.buf)
 
     def take(self, step: int) -> RawBatch:
@@ -57,19 +64,18 @@ class _Window:
         return RawBatch(self.ids[a:b], data, self.size[a:b])
 
 
+def _padded(nbytes: int) -> int:
+    """*nbytes* rounded up to the direct-I/O block (windows sharing one buffer each
+    start aligned)."""
+    return -(-int(nbytes) // DIRECT_BLOCK) * DIRECT_BLOCK
+
+
 def _same_op(a, b) -> bool:
     """Whether two read operations read the same extents into the same places."""
     if a.steps != b.steps:
         return False
     names = ("file_ids", "offsets", "lengths", "ids", "step", "slot", "src", "size")
     return all(np.array_equal(getattr(a, k), getattr(b, k)) for k in names)
-
-
-def _dest(lengths: np.ndarray) -> np.ndarray:
-    dest = np.zeros(len(lengths), dtype=np.int64)
-    if len(lengths) > 1:
-        np.cumsum(lengths[:-1], out=dest[1:])
-    return dest
 
 
 class DirectSource(Source):
@@ -93,6 +99,7 @@ class DirectSource(Source):
         self._spec: list[_Window] = []  # its first windows, read ahead
         self._anticipated = 0  # windows read ahead and adopted
         self._exhausted = False  # every read operation of the pass was pulled
+        self._align: tuple[int, Any] = (0, None)  # (direct-I/O block, file sizes) or 0
 
     def _threads_for(self, plan) -> int:
         st = plan.strategy
@@ -123,14 +130,15 @@ class DirectSource(Source):
             )
             self._threads = threads
         self._plan = plan
-        self._ops = iter_reads(plan, self.ctx.rank)
+        self._align = direct_align(self.ctx.dataset.files, plan.strategy.read)
+        self._ops = self._aligned(iter_reads(plan, self.ctx.rank))
         self._exhausted = False
         w = window_steps(plan)
         # read the next window while this one is consumed only when windows span several
         # steps; per-step read-ahead is the Loader's prefetch queue
         self._ahead = 1 if (w > 1 and plan.strategy.prefetch_depth >= 2) else 0
         if spec and first_step == 0:
-            ops = iter_reads(plan, self.ctx.rank)
+            ops = self._aligned(iter_reads(plan, self.ctx.rank))
             while spec:
                 op = next(ops, None)
                 if op is None or not _same_op(op, spec[0].op):
@@ -147,6 +155,15 @@ class DirectSource(Source):
     def anticipate(self, next_plan) -> None:
         self._next_plan = next_plan
 
+    def _aligned(self, ops):
+        """The read operations, widened to the direct-I/O blocks when reads are
+        ``odirect`` (:func:`feedline.plan.reads.align_op`: no bounce copy)."""
+        from ..plan.reads import align_op
+
+        align, sizes = self._align
+        for op in ops:
+            yield align_op(op, align, sizes) if align else op
+
     def _speculate(self) -> None:
         """The pass's reads are all submitted: start reading the first windows of the
         pass expected next (best effort: any error only means nothing read ahead)."""
@@ -161,18 +178,18 @@ class DirectSource(Source):
             # the read-ahead's room: a full window (the widest buffer of this pass)
             room = max([b.nbytes for b in self._spare] + [x.base.nbytes for x in self._live])
             ops = []
-            for op in iter_reads(nxt, self.ctx.rank):
-                if op.steps.start >= steps or op.nbytes > room:
+            for op in self._aligned(iter_reads(nxt, self.ctx.rank)):
+                if op.steps.start >= steps or op.buffer_bytes > room:
                     break  # the first w steps, in the room of one window
-                room -= op.nbytes
+                room -= _padded(op.buffer_bytes)
                 ops.append(op)
             # one buffer for them all (a spare one when it fits): one window of memory
-            big = self._buffer(sum(op.nbytes for op in ops)) if ops else None
+            big = self._buffer(sum(_padded(op.buffer_bytes) for op in ops)) if ops else None
             at = 0
             for op in ops:
                 assert big is not None
-                self._spec.append(_Window(op, self._reader, big[at : at + op.nbytes]))
-                at += op.nbytes
+                self._spec.append(_Window(op, self._reader, big[at : at + op.buffer_bytes]))
+                at += _padded(op.buffer_bytes)
         except Exception:
             return
 
@@ -188,7 +205,7 @@ class DirectSource(Source):
             self._exhausted = True
             return False
         assert self._reader is not None
-        self._live.append(_Window(op, self._reader, self._buffer(op.nbytes)))
+        self._live.append(_Window(op, self._reader, self._buffer(op.buffer_bytes)))
         self._windows += 1
         self._peak_buffer = max(self._peak_buffer, sum(w.base.nbytes for w in self._live))
         return True
@@ -198,7 +215,7 @@ class DirectSource(Source):
         fits = [i for i, b in enumerate(self._spare) if b.nbytes >= nbytes]
         if fits:
             return self._spare.pop(min(fits, key=lambda i: self._spare[i].nbytes))
-        return np.empty(nbytes, dtype=np.uint8)
+        return aligned_empty(nbytes)
 
     def _keep(self, buf: np.ndarray) -> None:
         """Keep *buf* for a later window, the largest first, so that the windows live,
