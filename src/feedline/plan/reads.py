@@ -66,9 +66,9 @@ class ReadOp:
         Byte offset of each sample in the operation's buffer.
     size : numpy.ndarray of int64
         Byte length of each sample.
-    dest : numpy.ndarray of int64 or None
-        Where each extent lands in the buffer; None: back to back (``align_op`` spaces
-        them to whole blocks).
+    align : int
+        0: the extents lie back to back in the buffer; else each starts at a multiple
+        of *align* bytes (``align_op``: direct reads land in place).
     """
 
     reader: int
@@ -82,27 +82,29 @@ class ReadOp:
     slot: np.ndarray
     src: np.ndarray
     size: np.ndarray
-    dest: np.ndarray | None = None
+    align: int = 0
 
     @property
     def nbytes(self) -> int:
         """Bytes read from storage (holes included)."""
         return int(self.lengths.sum())
 
+    def _slots(self) -> np.ndarray:
+        a = self.align
+        return -(-self.lengths // a) * a if a else self.lengths
+
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of the operation's buffer (its extents back to back, or at ``dest``)."""
-        if self.dest is None or not len(self.dest):
-            return self.nbytes
-        return int(self.dest[-1] + self.lengths[-1])
+        """Bytes of the operation's buffer: its extents back to back, or each at a
+        multiple of ``align`` (then a multiple of ``align`` itself)."""
+        return int(self._slots().sum())
 
     def placement(self) -> np.ndarray:
-        """Where each extent lands in the buffer (``dest``, else back to back)."""
-        if self.dest is not None:
-            return self.dest
-        out = np.zeros(len(self.lengths), dtype=np.int64)
-        if len(self.lengths) > 1:
-            np.cumsum(self.lengths[:-1], out=out[1:])
+        """Where each extent lands in the operation's buffer."""
+        slots = self._slots()
+        out = np.zeros(len(slots), dtype=np.int64)
+        if len(slots) > 1:
+            np.cumsum(slots[:-1], out=out[1:])
         return out
 
     @property
@@ -353,9 +355,6 @@ def align_op(op: ReadOp, align: int, file_sizes) -> ReadOp:
     len2[at] = cut[split] - g_lo[split]
     lo2[at + 1] = cut[split]
     len2[at + 1] = g_hi[split] - cut[split]
-    # every piece at a multiple of the block in the buffer (a tail is padded)
-    dest = np.zeros(len(len2), dtype=np.int64)
-    np.cumsum(-(-len2[:-1] // align) * align, out=dest[1:])
-    k = group[j]
-    src = dest[first[k]] + (s_off - g_lo[k])
-    return replace(op, file_ids=fid2, offsets=lo2, lengths=len2, src=src, dest=dest)
+    out = replace(op, file_ids=fid2, offsets=lo2, lengths=len2, align=align)
+    k = group[j]  # every piece at a multiple of the block in the buffer (a tail padded)
+    return replace(out, src=out.placement()[first[k]] + (s_off - g_lo[k]))

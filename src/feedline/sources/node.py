@@ -67,7 +67,7 @@ from ..dist import ops as mpi
 from ..dist.alarm import WaitBound
 from ..dist.world import FreeVote
 from ..errors import FeedlineError
-from ..pipeline.reader import ExtentReader, ReadList, gather
+from ..pipeline.reader import DIRECT_BLOCK, ExtentReader, ReadList, direct_align, gather
 from ..plan.layout import even_start
 from .base import RawBatch, Source, SourceContext, SourceStopped, register_source
 
@@ -75,13 +75,13 @@ from .base import RawBatch, Source, SourceContext, SourceStopped, register_sourc
 def window_layout(plan, ops, steps: range, rank: int, first_rank: int) -> dict:
     """Where *rank*'s samples of one read window lie, in (step, slot) order.
 
-    *ops* are the window's read operations (laid out back to back in the buffer), *steps*
+    *ops* are the window's read operations (one after the other in the buffer), *steps*
     the steps the window serves, and *first_rank* the first rank whose sub-batch the
     buffer holds (the node's first rank when readers aggregate, else *rank* itself).
     Returns ``ids``, ``src`` (byte offset in the buffer), ``size``, per-step ``bounds``
     and ``steps``.
     """
-    bases = np.cumsum([0] + [o.nbytes for o in ops])[:-1]
+    bases = np.cumsum([0] + [o.buffer_bytes for o in ops])[:-1]
     step = np.concatenate([o.step for o in ops])
     slot = np.concatenate([o.slot for o in ops])
     src = np.concatenate([o.src + b for o, b in zip(ops, bases, strict=True)])
@@ -175,6 +175,7 @@ class NodeWindowSource(Source):
         self._reader: ExtentReader | None = None
         self._shm: Any = None
         self._half = 0
+        self._align: tuple[int, Any] = (0, None)  # (direct-I/O block, file sizes)
         self._gen = 0
         self._pass: _Pass | None = None
         self._serving: list[tuple[threading.Thread, threading.Event]] = []
@@ -243,6 +244,7 @@ class NodeWindowSource(Source):
         rpn = len(ranks)
         half, tab = _window_bytes(plan, rpn, len(readers))
         key = _plan_key(plan, first_step)
+        self._align = direct_align(self.ctx.dataset.files, plan.strategy.read)
         if self._is_reader and self._reader is None:
             self._reader = ExtentReader(
                 self.ctx.dataset.files,
@@ -342,11 +344,8 @@ class NodeWindowSource(Source):
     # ------------------------------------------------------------ window plans
     def _plan_window(self, this_pass: _Pass, r: int) -> list:
         """The first reader plans window *r* and publishes the plan in table ``r % 2``."""
-        from ..plan.reads import window_ops
 
-        ops = window_ops(
-            this_pass.plan, this_pass.unit, self._readers, r, this_pass.steps[r], cap=self._half
-        )
+        ops = self._window_ops(this_pass, r)
         this_pass.ops[r] = ops
         words = self._tabs[r % 2].view(np.int64)
         n = _pack_ops(ops, words[3:])
@@ -369,27 +368,33 @@ class NodeWindowSource(Source):
                 "the same epochs and steps"
             )
         if n < 0:  # pragma: no cover - see _plan_window
-            from ..plan.reads import window_ops
-
-            ops = window_ops(
-                this_pass.plan, this_pass.unit, self._readers, r, this_pass.steps[r], cap=self._half
-            )
+            ops = self._window_ops(this_pass, r)
         else:
             ops = _unpack_ops(words[3 : 3 + n], r, this_pass.steps[r])
         this_pass.ops[r] = ops
         return ops
 
+    def _window_ops(self, this_pass: _Pass, r: int) -> list:
+        """Window *r*'s read operations, widened to whole direct-I/O blocks when reads
+        are ``odirect`` and they still fit a half (``plan.reads.align_op``: each read
+        lands in place, no bounce copy). Pure: every rank of the node gets the same."""
+        from ..plan.reads import align_op, window_ops
+
+        p = this_pass
+        ops = window_ops(p.plan, p.unit, self._readers, r, p.steps[r], cap=self._half)
+        block, sizes = self._align
+        wide = [align_op(o, block, sizes) for o in ops] if block else ops
+        return wide if sum(o.buffer_bytes for o in wide) <= self._half else ops
+
     # ------------------------------------------------------------- reader duty
     def _read_window(self, this_pass: _Pass, r: int):
         op = this_pass.ops[r][self._my]
-        base = sum(o.nbytes for o in this_pass.ops[r][: self._my])
-        dest = np.zeros(len(op.lengths), dtype=np.int64)
-        if len(op.lengths) > 1:
-            np.cumsum(op.lengths[:-1], out=dest[1:])
-        view = self._halves[r % 2, base : base + op.nbytes]
+        base = sum(o.buffer_bytes for o in this_pass.ops[r][: self._my])
+        view = self._halves[r % 2, base : base + op.buffer_bytes]
         assert self._reader is not None
         self._stats["read_windows"] += 1
-        return self._reader.submit(ReadList(op.file_ids, op.offsets, op.lengths, dest), view)
+        reads = ReadList(op.file_ids, op.offsets, op.lengths, op.placement())
+        return self._reader.submit(reads, view)
 
     def _pump(self, this_pass: _Pass) -> None:
         """Publish this reader's finished reads; start those the node has room for."""
@@ -718,10 +723,12 @@ def _window_bytes(plan, rpn: int, readers: int) -> tuple[int, int]:
     payload = samples * int(plan.records.max_length)
     tab = 8 * (3 + _OP_HEAD * readers) + PLAN_BYTES_PER_SAMPLE * samples
     half = max(payload, min(window_cap(plan) - tab, payload * 3 // 2), 1)
+    if plan.strategy.read == "odirect":  # both halves start on a block: reads land in place
+        half = -(-half // DIRECT_BLOCK) * DIRECT_BLOCK
     return int(half), int(tab)
 
 
-_OP_HEAD = 4  # words per reader in a packed plan: reader, extents, samples, bytes
+_OP_HEAD = 4  # words per reader in a packed plan: reader, extents, samples, align
 
 
 def _pack_ops(ops: list, out: np.ndarray) -> int:
@@ -733,7 +740,7 @@ def _pack_ops(ops: list, out: np.ndarray) -> int:
     at = 0
     for o in ops:
         e, m = len(o.lengths), len(o.ids)
-        out[at : at + _OP_HEAD] = (o.reader, e, m, o.nbytes)
+        out[at : at + _OP_HEAD] = (o.reader, e, m, o.align)
         at += _OP_HEAD
         for a, k in (
             (o.file_ids, e),
@@ -756,14 +763,14 @@ def _unpack_ops(words: np.ndarray, r: int, steps: range) -> list:
 
     ops, at = [], 0
     while at < len(words):
-        reader, e, m, _ = (int(x) for x in words[at : at + _OP_HEAD])
+        reader, e, m, align = (int(x) for x in words[at : at + _OP_HEAD])
         at += _OP_HEAD
         cols = []
         for k in (e, e, e, m, m, m, m, m):
             cols.append(words[at : at + k].copy())
             at += k
         fid, off, ln, ids, step, slot, src, size = cols
-        ops.append(ReadOp(reader, r, steps, fid, off, ln, ids, step, slot, src, size))
+        ops.append(ReadOp(reader, r, steps, fid, off, ln, ids, step, slot, src, size, align))
     return ops
 
 
