@@ -39,7 +39,13 @@ def test_quick_smoke(tmp_path):
     assert rows["lmm-dio-prov"]["seek_s"] == 0 and rows["lmm-dio"]["seek_s"] > 0
     assert all(r["same_bytes_as_lmdb_order"] for r in rows.values())
     assert rows["lmm-dm"]["spec_extra_bytes"] >= 0 and rows["lmdb"]["ctx_switches"] > 0
+    # the limit's time to read the files over each run's time, beside the payload rate
+    lim = doc["limit"]
+    assert lim["seconds"] > 0 and lim["bytes"] >= sum(r["payload_bytes"] for r in doc["runs"][:1])
+    for r in rows.values():
+        assert r["files_vs_limit"] == pytest.approx(lim["seconds"] / r["time_s"])
     summary = (out / "lmdbio-summary.md").read_text()
     assert "| lmm-dio-prov-coal-stag |" in summary and "best:" in summary
+    assert "files vs limit" in summary
     for plot in ("time", "breakdown", "ctx_switches"):
         assert (out / f"lmdbio-{plot}.png").stat().st_size > 1000

@@ -104,6 +104,7 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for seek/io, every rank's in-source skew, totals for bytes and switches)."""
     rows = []
     digests: dict[tuple[str, str], str | None] = {}
+    lim_s = (doc.get("limit") or {}).get("seconds")
     for r in doc["runs"]:
         extra = r["stats"].get("extra") or [{}] * r["ranks"]
         readers = [e for e in extra if e and e.get("reader")]
@@ -123,6 +124,10 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "MBps": r["MBps"],
                 "ratio_to_lmdb": r["ratio_to_baseline"],
                 "fraction_of_limit": r["fraction_of_limit"],
+                # the limit's time to read the dataset's files over this run's time
+                "files_vs_limit": (
+                    lim_s / r["time_s"] if lim_s and r["time_s"] and not r["error"] else None
+                ),
                 "readers": len(readers),
                 "seek_s": _mean([e.get("seek_s") for e in readers]),
                 "io_s": _mean([e.get("io_s") for e in readers]),
@@ -149,6 +154,10 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
 def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The LMDBIO breakdown as Markdown."""
 
@@ -163,10 +172,11 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"### lmdbio: {cfg.get('ranks')} ranks, {cfg.get('nodes')} nodes, batch "
         f"{cfg.get('batch_size')}, physical limit {f(lim, '.0f')} MB/s\n"
         + (f"\nnote: {note}\n" if note else ""),
-        "| preset | what it is | shuffles? | time s | MB/s | vs lmdb | of limit | readers | seek s | I/O s | skew s "
+        "| preset | what it is | shuffles? | time s | MB/s | vs lmdb | of limit | files vs limit "
+        "| readers | seek s | I/O s | skew s "
         "| storage MB | ops | redundant MB | spec. extra MB | ctx switches | peak RSS MiB |"
         + (" served MB | served requests |" if served else ""),
-        "|" + "---|" * (19 if served else 17),
+        "|" + "---|" * (20 if served else 18),
     ]
     for r in rows:
         frac = r["fraction_of_limit"]
@@ -181,6 +191,7 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                     f(r["MBps"], ".0f"),
                     f(r["ratio_to_lmdb"], ".2f"),
                     "-" if frac is None else f"{100 * frac:.0f}%",
+                    _pct(r.get("files_vs_limit")),
                     str(r["readers"]),
                     f(r["seek_s"], ".3f"),
                     f(r["io_s"], ".3f"),
@@ -210,6 +221,11 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         out.append(
             f"\nbest: {best['preset']} at {best['MBps']:.0f} MB/s = "
             f"{f(best['ratio_to_lmdb'], '.2f')}x lmdb, {of} of the physical limit"
+            + (
+                f" (its files at {_pct(best.get('files_vs_limit'))} of the limit's speed)"
+                if best.get("files_vs_limit")
+                else ""
+            )
         )
     diff = [r["preset"] for r in rows if r["same_bytes_as_lmdb_order"] is False]
     if diff:

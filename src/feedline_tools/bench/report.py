@@ -185,6 +185,8 @@ def _median_index(values: list[float]) -> int:
 
 def _limit_summary(limits: list[Any], cfg: dict[str, Any]) -> dict[str, Any]:
     per_repeat: list[float] = []
+    seconds: list[float] = []
+    read: list[int] = []
     methods: set[str] = set()
     errors: list[str] = []
     for ranks in limits:
@@ -196,10 +198,16 @@ def _limit_summary(limits: list[Any], cfg: dict[str, Any]) -> dict[str, Any]:
         b = sum(r["bytes"] for r in ranks)
         if t > 0 and b > 0 and not any(r.get("error") for r in ranks):
             per_repeat.append(b / t / 1e6)
+            seconds.append(t)
+            read.append(b)
     opt = cfg.get("limit") or {}
     return {
         "MBps": statistics.median(per_repeat) if per_repeat else None,
         "repeats_MBps": per_repeat,
+        # the files, read at the limit: a run's time against this is how close it came to
+        # the storage's speed, whatever share of the files its payload is (LMDB pages)
+        "seconds": statistics.median(seconds) if seconds else None,
+        "bytes": int(statistics.median(read)) if read else None,
         "method": "/".join(sorted(methods)) or None,
         "block_bytes": int(opt.get("block", 8 << 20)),
         "error": errors[0] if errors else None,
