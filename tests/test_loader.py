@@ -405,3 +405,48 @@ def test_direct_reads_land_in_place(tmp_path, ranks):
         np.testing.assert_array_equal(b.data, data[b.ids])
     assert storage >= 6000 * 1000
     assert 0 < bounced <= 3 * 4096 * ranks  # the files' tails (2,000,000 B: 1,152 B each)
+
+
+def test_direct_buffers_stay_within_the_memory_estimate(tmp_path):
+    """Windows widened to whole blocks (odirect) are counted in the memory estimate."""
+    ds, data = make_records(str(tmp_path / "ds"), n=240, size=100_001, files=3)
+    for kw in (dict(preset="tf", read="odirect"), dict(store="off", read="odirect")):
+        with Loader(ds, 16, seed=1, **kw) as ld:
+            est = ld._source.memory_bytes(ld._plan(0))
+            for b in ld:
+                np.testing.assert_array_equal(b.data, data[b.ids])
+            assert ld.stats()["buffer_bytes"] <= est
+
+
+def test_the_next_epochs_read_ahead_reuses_a_spare_window(monkeypatch):
+    """The read-ahead of the next epoch's first window takes a kept buffer of exactly
+    its size (it asked for a block-rounded size, which the spare could not hold, and
+    allocated a third window's memory)."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    import feedline.plan.reads as reads
+    from feedline.sources.direct import DirectSource
+
+    S = 1_000_000  # not a multiple of 4096: a pread window, not widened
+    ids = np.arange(4)
+    op = reads.ReadOp(0, 0, range(0, 4), np.array([0]), np.array([0]), np.array([S]), ids,
+                      ids, np.zeros(4, np.int64), ids * 250_000, np.full(4, 250_000))  # fmt: skip
+
+    class Reader:
+        def submit(self, reads, buf):
+            f: Future = Future()
+            f.set_result(None)
+            return f
+
+    monkeypatch.setattr(reads, "iter_reads", lambda plan, rank: iter([op]))
+    monkeypatch.setattr(reads, "window_steps", lambda plan: 4)
+    src = object.__new__(DirectSource)
+    src._next_plan, src._reader, src._align = (lambda: "next"), Reader(), (0, None)
+    spare = np.empty(S, np.uint8)
+    src._spare, src._spec = [spare], []
+    src._live = [SimpleNamespace(base=np.empty(S, np.uint8))]
+    src.ctx = SimpleNamespace(rank=0)
+    src._speculate()
+    assert len(src._spec) == 1 and np.shares_memory(src._spec[0].base, spare)
+    assert src._spare == []

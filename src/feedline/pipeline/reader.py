@@ -123,19 +123,22 @@ def aligned_empty(nbytes: int, align: int = DIRECT_BLOCK) -> np.ndarray:
     return raw[k : k + int(nbytes)]
 
 
-def direct_align(files: list[str], method: str) -> tuple[int, Any]:
+def direct_align(files: list[str], method: str, known: Any = None) -> tuple[int, Any]:
     """``(block, file sizes)`` for widening read operations to whole direct-I/O blocks
-    (:func:`feedline.plan.reads.align_op`) when *method* is ``odirect``; ``(0, None)``
-    otherwise or when a file's size cannot be read."""
+    (:func:`feedline.plan.reads.align_op`) when *method* is ``odirect``; ``(0, known)``
+    otherwise or when a file's size cannot be read. *known*: the sizes from an earlier
+    call (a source asks once, not at every pass: millions of files on a parallel file
+    system are millions of metadata requests)."""
     import os
 
     if method != "odirect":
-        return 0, None
-    try:
-        sizes = np.array([os.path.getsize(f) for f in files], dtype=np.int64)
-    except OSError:
-        return 0, None
-    return int(defaults.get("io_align")) or DIRECT_BLOCK, sizes
+        return 0, known
+    if known is None:
+        try:
+            known = np.array([os.path.getsize(f) for f in files], dtype=np.int64)
+        except OSError:
+            return 0, None
+    return int(defaults.get("io_align")) or DIRECT_BLOCK, known
 
 
 class _Native:

@@ -313,6 +313,15 @@ def reads_of(plan: Plan, reader: int) -> list[ReadOp]:
 #: extents shorter than this many alignment blocks (on average) are left as they are:
 #: widening them would cost more memory than the copy it saves
 ALIGN_MIN_BLOCKS = 16
+#: an operation is widened only while its buffer grows by at most this share (the
+#: sources' memory estimates count it: ``align_slack``)
+ALIGN_MAX_GROWTH = 1 / 16
+
+
+def align_slack(nbytes: int, align: int) -> int:
+    """Bytes a buffer of *nbytes* may grow by through :func:`align_op`, with the block of
+    slack that aligns its start."""
+    return int(nbytes * ALIGN_MAX_GROWTH) + 2 * align
 
 
 def align_op(op: ReadOp, align: int, file_sizes) -> ReadOp:
@@ -322,7 +331,8 @@ def align_op(op: ReadOp, align: int, file_sizes) -> ReadOp:
     straight into the buffer, where it otherwise reads each extent into a bounce buffer
     and copies it (one memcpy of every byte). Costs at most ``2 * align`` bytes of buffer
     and storage per extent; ops whose extents average fewer than ``ALIGN_MIN_BLOCKS``
-    blocks are returned unchanged. Pure: ids, steps, slots and sizes are kept, ``src``
+    blocks, or whose buffer would grow by more than ``ALIGN_MAX_GROWTH``, are returned
+    unchanged. Pure: ids, steps, slots and sizes are kept, ``src``
     points into the widened layout."""
     n = len(op.lengths)
     if align <= 1 or n == 0 or int(op.lengths.sum()) < ALIGN_MIN_BLOCKS * align * n:
@@ -356,5 +366,7 @@ def align_op(op: ReadOp, align: int, file_sizes) -> ReadOp:
     lo2[at + 1] = cut[split]
     len2[at + 1] = g_hi[split] - cut[split]
     out = replace(op, file_ids=fid2, offsets=lo2, lengths=len2, align=align)
+    if out.buffer_bytes > op.nbytes * (1 + ALIGN_MAX_GROWTH):
+        return op
     k = group[j]  # every piece at a multiple of the block in the buffer (a tail padded)
     return replace(out, src=out.placement()[first[k]] + (s_off - g_lo[k]))

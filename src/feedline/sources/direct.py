@@ -64,12 +64,6 @@ class _Window:
         return RawBatch(self.ids[a:b], data, self.size[a:b])
 
 
-def _padded(nbytes: int) -> int:
-    """*nbytes* rounded up to the direct-I/O block (windows sharing one buffer each
-    start aligned)."""
-    return -(-int(nbytes) // DIRECT_BLOCK) * DIRECT_BLOCK
-
-
 def _same_op(a, b) -> bool:
     """Whether two read operations read the same extents into the same places."""
     if a.steps != b.steps:
@@ -130,7 +124,7 @@ class DirectSource(Source):
             )
             self._threads = threads
         self._plan = plan
-        self._align = direct_align(self.ctx.dataset.files, plan.strategy.read)
+        self._align = direct_align(self.ctx.dataset.files, plan.strategy.read, self._align[1])
         self._ops = self._aligned(iter_reads(plan, self.ctx.rank))
         self._exhausted = False
         w = window_steps(plan)
@@ -181,15 +175,15 @@ class DirectSource(Source):
             for op in self._aligned(iter_reads(nxt, self.ctx.rank)):
                 if op.steps.start >= steps or op.buffer_bytes > room:
                     break  # the first w steps, in the room of one window
-                room -= _padded(op.buffer_bytes)
+                room -= op.buffer_bytes
                 ops.append(op)
             # one buffer for them all (a spare one when it fits): one window of memory
-            big = self._buffer(sum(_padded(op.buffer_bytes) for op in ops)) if ops else None
+            big = self._buffer(sum(op.buffer_bytes for op in ops)) if ops else None
             at = 0
             for op in ops:
                 assert big is not None
                 self._spec.append(_Window(op, self._reader, big[at : at + op.buffer_bytes]))
-                at += _padded(op.buffer_bytes)
+                at += op.buffer_bytes
         except Exception:
             return
 
@@ -267,7 +261,7 @@ class DirectSource(Source):
         self._ops = iter(())
 
     def memory_bytes(self, plan) -> int:
-        from ..plan.reads import window_cap, window_steps
+        from ..plan.reads import align_slack, window_cap, window_steps
 
         w = window_steps(plan)
         ahead = 1 if (w > 1 and plan.strategy.prefetch_depth >= 2) else 0
@@ -275,6 +269,8 @@ class DirectSource(Source):
         payload = w * sub * int(plan.records.max_length)
         # a window reads through holes only while it fits its share of the cap
         per_window = max(payload, min(window_cap(plan), 2 * payload)) if w > 1 else payload
+        if plan.strategy.read == "odirect":  # windows widened to whole blocks
+            per_window += align_slack(per_window, DIRECT_BLOCK)
         return (1 + ahead) * per_window
 
     def stats(self) -> dict[str, Any]:

@@ -244,7 +244,8 @@ class NodeWindowSource(Source):
         rpn = len(ranks)
         half, tab = _window_bytes(plan, rpn, len(readers))
         key = _plan_key(plan, first_step)
-        self._align = direct_align(self.ctx.dataset.files, plan.strategy.read)
+        # every rank: one that plans a window its table could not hold must widen it too
+        self._align = direct_align(self.ctx.dataset.files, plan.strategy.read, self._align[1])
         if self._is_reader and self._reader is None:
             self._reader = ExtentReader(
                 self.ctx.dataset.files,
@@ -383,8 +384,13 @@ class NodeWindowSource(Source):
         p = this_pass
         ops = window_ops(p.plan, p.unit, self._readers, r, p.steps[r], cap=self._half)
         block, sizes = self._align
-        wide = [align_op(o, block, sizes) for o in ops] if block else ops
-        return wide if sum(o.buffer_bytes for o in wide) <= self._half else ops
+        if not block:
+            return ops
+        wide = [align_op(o, block, sizes) for o in ops]
+        # fit a half, and the table (a file's tail is an extent: twice the extents at worst)
+        words = sum(_OP_HEAD + 3 * len(o.lengths) + 5 * len(o.ids) for o in wide)
+        fits = words <= self._tab // 8 - 3
+        return wide if fits and sum(o.buffer_bytes for o in wide) <= self._half else ops
 
     # ------------------------------------------------------------- reader duty
     def _read_window(self, this_pass: _Pass, r: int):
