@@ -76,6 +76,10 @@ void add(Counters& c, const TaskTally& t, const detail::ReadContext& rc, bool co
 }
 
 /// An aligned scratch buffer that remembers which bytes of which file it holds.
+/// Largest read through a thread's bounce buffer (an unaligned O_DIRECT extent is read
+/// in pieces of this size): the buffer, and so each engine thread's memory, stays under it.
+constexpr std::size_t kBounceBytes = std::size_t{1} << 20;
+
 class Bounce {
  public:
   Bounce() = default;
@@ -321,20 +325,32 @@ void EngineState::read_direct(const Piece& p, Bounce& bounce, ReadContext& rc, T
       }
       return;
     }
+    // The aligned cover of the extent, through the bounce buffer in pieces of at most
+    // kBounceBytes (the buffer's size bounds each thread's memory, whatever the extent).
     const std::size_t lo = round_down(off, d.offset_align);
     const std::size_t hi = round_up(off + len, d.offset_align);
-    unsigned char* buf = bounce.reserve(hi - lo, d.mem_align);
-    const std::size_t got =
-        pread_full(d.fd, buf, hi - lo, static_cast<std::int64_t>(lo), rc, d.offset_align);
-    tally.storage_bytes += hi - lo;
-    files.confirm_direct(p.file);
-    bounce.hold(p.file, static_cast<std::int64_t>(lo), static_cast<std::int64_t>(lo + got));
-    if (lo + got < off + len) {
-      throw_past_eof(*rc.path, p.offset, p.length,
-                     end_of_file(d.fd, static_cast<std::int64_t>(lo + got)));
+    const std::size_t step = std::max(round_down(kBounceBytes, d.offset_align), d.offset_align);
+    for (std::size_t pos = lo; pos < hi; pos += step) {
+      const std::size_t n = std::min(step, hi - pos);
+      unsigned char* buf = bounce.reserve(n, d.mem_align);
+      const std::size_t got =
+          pread_full(d.fd, buf, n, static_cast<std::int64_t>(pos), rc, d.offset_align);
+      tally.storage_bytes += n;
+      files.confirm_direct(p.file);
+      bounce.hold(p.file, static_cast<std::int64_t>(pos), static_cast<std::int64_t>(pos + got));
+      const std::size_t a = std::max(pos, off), b = std::min(pos + got, off + len);
+      if (b > a) {
+        std::memcpy(p.dest + (a - off), buf + (a - pos), b - a);
+        tally.bounced_bytes += b - a;
+      }
+      if (got < n) {
+        if (pos + got < off + len) {
+          throw_past_eof(*rc.path, p.offset, p.length,
+                         end_of_file(d.fd, static_cast<std::int64_t>(pos + got)));
+        }
+        break;
+      }
     }
-    std::memcpy(p.dest, buf + (off - lo), len);
-    tally.bounced_bytes += len;
   } catch (const DirectRefused&) {
     // EINVAL after a direct read of this file succeeded is a real error (a bug in the
     // alignment), not a file system that refuses O_DIRECT.
