@@ -94,6 +94,7 @@ class DirectSource(Source):
         self._anticipated = 0  # windows read ahead and adopted
         self._exhausted = False  # every read operation of the pass was pulled
         self._align: tuple[int, Any] = (0, None)  # (direct-I/O block, file sizes) or 0
+        self._room = 0  # bytes of a new window buffer (the pass's widest window)
 
     def _threads_for(self, plan) -> int:
         st = plan.strategy
@@ -131,6 +132,7 @@ class DirectSource(Source):
         # read the next window while this one is consumed only when windows span several
         # steps; per-step read-ahead is the Loader's prefetch queue
         self._ahead = 1 if (w > 1 and plan.strategy.prefetch_depth >= 2) else 0
+        self._room = self.memory_bytes(plan) // (1 + self._ahead)  # one window at most
         if spec and first_step == 0:
             ops = self._aligned(iter_reads(plan, self.ctx.rank))
             while spec:
@@ -205,11 +207,15 @@ class DirectSource(Source):
         return True
 
     def _buffer(self, nbytes: int) -> np.ndarray:
-        """The smallest spare buffer of at least *nbytes*, or a new one."""
+        """The smallest spare buffer of at least *nbytes*, or a new one as large as the
+        pass's widest window: an epoch's first windows are cut finer (w/8, w/8, w/4, w/2),
+        and buffers of their own sizes could not hold the later windows, whose new
+        buffers the kernel would fault in and zero once more (a third more memory touched
+        per epoch; pages a window never writes cost nothing)."""
         fits = [i for i, b in enumerate(self._spare) if b.nbytes >= nbytes]
         if fits:
             return self._spare.pop(min(fits, key=lambda i: self._spare[i].nbytes))
-        return aligned_empty(nbytes)
+        return aligned_empty(max(nbytes, self._room))
 
     def _keep(self, buf: np.ndarray) -> None:
         """Keep *buf* for a later window, the largest first, so that the windows live,
