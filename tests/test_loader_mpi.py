@@ -187,3 +187,23 @@ def test_node_aggregation_matches_direct_and_shares_errors(made, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("NODE-ERROR-OK") == 3, proc.stdout
+
+
+def test_node_windows_read_with_odirect_land_in_place(tmp_path):
+    """2 ranks on a node, source="node", read="odirect": 100 KB records land in the
+    window in place (only the 3 files' unaligned tails bounce: 3 x 3,328 B); with one
+    sample per file the widened plan would not fit the window's table, and the window
+    is read as it is instead of overflowing it. Every sample's bytes are the file's."""
+    env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1", FEEDLINE_NODES="1")
+    out = tmp_path / "out.json"
+    script = os.path.join(HERE, "mpi", "node_inplace.py")
+    cmd = [mpiexec_command(), "-n", "2", sys.executable, script, str(out), str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    ranks = json.loads(out.read_text())
+    for name, n in (("records", 600), ("files", 160)):
+        assert sum(r[name]["samples"] for r in ranks) == n
+        assert all(r[name]["wrong"] == 0 for r in ranks)
+    reader = ranks[0]
+    assert reader["records"]["bounced"] == 3 * (20_000_000 % 4096)
+    assert all(r["overflows"] == 0 for r in ranks)
