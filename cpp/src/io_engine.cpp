@@ -40,8 +40,8 @@ std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a;
 
 /// Counters shared by a submission and the engine, added to by many threads.
 struct Counters {
-  std::atomic<std::uint64_t> bytes{0}, storage_bytes{0}, bounced_bytes{0}, ops{0}, extents{0}, tasks{0}, retries{0},
-      minor_faults{0}, major_faults{0}, busy_ns{0};
+  std::atomic<std::uint64_t> bytes{0}, storage_bytes{0}, bounced_bytes{0}, ops{0}, extents{0},
+      tasks{0}, retries{0}, minor_faults{0}, major_faults{0}, busy_ns{0};
 
   void fill(IoStats& s) const {
     s.bytes = bytes.load(std::memory_order_relaxed);
@@ -59,7 +59,8 @@ struct Counters {
 
 /// What one task did, added to both counters when it ends.
 struct TaskTally {
-  std::uint64_t bytes = 0, storage_bytes = 0, bounced_bytes = 0, extents = 0, minor = 0, major = 0, busy_ns = 0;
+  std::uint64_t bytes = 0, storage_bytes = 0, bounced_bytes = 0, extents = 0, minor = 0, major = 0,
+                busy_ns = 0;
 };
 
 void add(Counters& c, const TaskTally& t, const detail::ReadContext& rc, bool count_retries) {
