@@ -397,6 +397,8 @@ def test_direct_reads_land_in_place(tmp_path, ranks):
         with Loader(ds, 64, comm=LoaderWorld(r, ranks), **kw) as ld:
             got += run_epoch(ld)
             st = ld.stats()
+            # the knob wins over the model's tile in records (it was ignored), and says so
+            assert ld.strategy.chunk == 0 and st["plan"].endswith("then chunk_bytes=262144")
             bounced += st["bounced_bytes"]
             storage += st["storage_bytes"]
     ids = np.concatenate([b.ids for b in got])

@@ -285,11 +285,10 @@ class Loader:
         self.strategy = self.choice.strategy
         if mine:  # knobs the user set win over the model's choice
             # one of a pair sizes the same thing in other units: the model's other goes
-            for a, b in (("chunk", "chunk_bytes"), ("window_steps", "window_bytes")):
-                if a in mine and b not in mine:
-                    mine[b] = 0
-                elif b in mine and a not in mine:
-                    mine[a] = 0
+            for pair in (("chunk", "chunk_bytes"), ("window_steps", "window_bytes")):
+                for a, b in (pair, pair[::-1]):
+                    if a in mine and b not in mine:
+                        mine[b] = 0
             self.strategy = self.strategy.replace(**mine)
         if explicit_source is None and self.strategy.store in ("ordered", "opportunistic"):
             self._source_name = "store"
@@ -690,9 +689,8 @@ class Loader:
             best = self.choice.best  # the plan that ran; its estimate next to measured passes
             out["epoch_s"] = list(self.__dict__.get("_pass_times", []))  # pipeline/passes.py
             out["plan"] = best.label()
-            mine = {k: v for k, v in self._knobs.items() if k in CHOSEN_KNOBS}
-            if mine:  # what ran differs from the model's candidate by these
-                out["plan"] += ", then " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items()))
+            if mine := sorted((k, v) for k, v in self._knobs.items() if k in CHOSEN_KNOBS):
+                out["plan"] += ", then " + ", ".join(f"{k}={v}" for k, v in mine)  # not the model's
             out["plan_profile"] = self.choice.profile.name
             out["plan_estimate_s"] = best.cost
             out["plan_estimate_terms"] = dict(best.terms)
