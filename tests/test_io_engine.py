@@ -489,9 +489,7 @@ def test_unaligned_direct_reads_bounce_in_bounded_pieces(tmp_path):
     want = np.concatenate([data[o : o + ln] for _, o, ln in extents])
     np.testing.assert_array_equal(buf, want)
     assert st.bounced_bytes == total and st.bytes == total
-    blk = 4096
-    a = np.zeros(3 << 20, dtype=np.uint8)
-    a = a[(-a.ctypes.data) % blk :][: 2 << 20]  # an aligned destination
+    a = aligned_empty(2 << 20)  # an aligned destination
     with IOEngine([str(path)], threads=1, method="odirect") as eng:
         st = eng.read(np.array([(0, 1 << 20, 2 << 20)], dtype=np.int64), a)
     np.testing.assert_array_equal(a, data[1 << 20 : 3 << 20])

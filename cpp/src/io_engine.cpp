@@ -76,11 +76,11 @@ void add(Counters& c, const TaskTally& t, const detail::ReadContext& rc, bool co
   c.busy_ns.fetch_add(t.busy_ns, std::memory_order_relaxed);
 }
 
-/// An aligned scratch buffer that remembers which bytes of which file it holds.
 /// Largest read through a thread's bounce buffer (an unaligned O_DIRECT extent is read
 /// in pieces of this size): the buffer, and so each engine thread's memory, stays under it.
 constexpr std::size_t kBounceBytes = std::size_t{1} << 20;
 
+/// An aligned scratch buffer that remembers which bytes of which file it holds.
 class Bounce {
  public:
   Bounce() = default;

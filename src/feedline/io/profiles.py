@@ -45,10 +45,12 @@ def mount_of(path: str, fs_prefix: str = "") -> tuple[str, str] | None:
 def emulator_stats(path: str) -> dict[str, Any] | None:
     """The storage emulator's statistics document if *path* is on one of its mounts."""
     m = mount_of(path, "fuse")
-    if m is None:
-        return None
+    return None if m is None else _read_stats(m[0])
+
+
+def _read_stats(mount: str) -> dict[str, Any] | None:
     try:
-        with open(os.path.join(m[0], EMULATOR_STATS)) as f:
+        with open(os.path.join(mount, EMULATOR_STATS)) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
@@ -71,15 +73,14 @@ def emulator_profile(path: str) -> dict[str, Any] | None:
         return None
     key = (m[0], st.st_dev, st.st_mtime_ns)
     if st.st_mtime_ns == 0:  # a daemon that does not say when it started: read each time
-        return _emulator_profile(path)
+        return _emulator_profile(_read_stats(m[0]))
     if key not in _EMULATOR_PROFILES:
-        _EMULATOR_PROFILES[key] = _emulator_profile(path)
+        _EMULATOR_PROFILES[key] = _emulator_profile(_read_stats(m[0]))
     prof = _EMULATOR_PROFILES[key]
     return dict(prof) if prof is not None else None
 
 
-def _emulator_profile(path: str) -> dict[str, Any] | None:
-    doc = emulator_stats(path)
+def _emulator_profile(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     if not doc or "params" not in doc:
         return None
     p = doc["params"]

@@ -115,14 +115,6 @@ def gather(
 DIRECT_BLOCK = 4096
 
 
-def aligned_empty(nbytes: int, align: int = DIRECT_BLOCK) -> np.ndarray:
-    """An uninitialised uint8 buffer of *nbytes* whose first byte is *align*-aligned
-    (numpy's large arrays start 16 bytes into a page, which ``O_DIRECT`` refuses)."""
-    raw = np.empty(int(nbytes) + align, dtype=np.uint8)
-    k = (-raw.ctypes.data) % align
-    return raw[k : k + int(nbytes)]
-
-
 def direct_align(files: list[str], method: str, known: Any = None) -> tuple[int, Any]:
     """``(block, file sizes)`` for widening read operations to whole direct-I/O blocks
     (:func:`feedline.plan.reads.align_op`) when *method* is ``odirect``; ``(0, known)``

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from ..io.engine import aligned_empty
 from ..pipeline.reader import (
     DIRECT_BLOCK,
     ExtentReader,
     ReadList,
-    aligned_empty,
     direct_align,
     gather,
 )

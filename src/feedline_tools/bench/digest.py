@@ -50,6 +50,18 @@ def _bytes_view(raw) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+def _checked(ids, lengths, raw) -> tuple[np.ndarray, np.ndarray, memoryview]:
+    """One step's ids and lengths as int64 and its records as bytes, checked to agree."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if len(ids) != len(lengths):
+        raise ValueError(f"{len(ids)} ids but {len(lengths)} lengths")
+    view = _bytes_view(raw)
+    if int(lengths.sum()) != view.nbytes:
+        raise ValueError(f"lengths sum to {int(lengths.sum())} but raw holds {view.nbytes} bytes")
+    return ids, lengths, view
+
+
 def step_bytes(rank: int, step: int, ids, lengths, raw) -> Iterator[bytes | memoryview]:
     """The digest byte sequence of one step of one rank, in pieces.
 
@@ -61,13 +73,7 @@ def step_bytes(rank: int, step: int, ids, lengths, raw) -> Iterator[bytes | memo
     raw : bytes-like
         The records, concatenated in the same order.
     """
-    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    if len(ids) != len(lengths):
-        raise ValueError(f"{len(ids)} ids but {len(lengths)} lengths")
-    view = _bytes_view(raw)
-    if int(lengths.sum()) != view.nbytes:
-        raise ValueError(f"lengths sum to {int(lengths.sum())} but raw holds {view.nbytes} bytes")
+    ids, lengths, view = _checked(ids, lengths, raw)
     yield _STEP.pack(rank, step)
     pos = 0
     for i, ln in zip(ids.tolist(), lengths.tolist(), strict=True):
@@ -131,14 +137,7 @@ class DeliveryRecorder:
         self.samples += len(lengths)
         self.payload_bytes += int(lengths.sum())
         if self.enabled:
-            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-            if len(ids) != len(lengths):
-                raise ValueError(f"{len(ids)} ids but {len(lengths)} lengths")
-            view = _bytes_view(raw)
-            if int(lengths.sum()) != view.nbytes:
-                raise ValueError(
-                    f"lengths sum to {int(lengths.sum())} but raw holds {view.nbytes} bytes"
-                )
+            ids, lengths, view = _checked(ids, lengths, raw)
             self._meta.append((int(step), ids.copy(), lengths.copy()))
             self._write(view)
             self._stream_bytes += _STEP.size + len(ids) * _SAMPLE.size + view.nbytes

@@ -179,7 +179,6 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "|" + "---|" * (20 if served else 18),
     ]
     for r in rows:
-        frac = r["fraction_of_limit"]
         out.append(
             "| "
             + " | ".join(
@@ -190,7 +189,7 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                     f(r["time_s"], ".2f") if not r["error"] else f"error: {r['error']}",
                     f(r["MBps"], ".0f"),
                     f(r["ratio_to_lmdb"], ".2f"),
-                    "-" if frac is None else f"{100 * frac:.0f}%",
+                    _pct(r["fraction_of_limit"]),
                     _pct(r.get("files_vs_limit")),
                     str(r["readers"]),
                     f(r["seek_s"], ".3f"),
@@ -216,8 +215,7 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         )
     best = max((r for r in rows if r["MBps"]), key=lambda r: r["MBps"], default=None)
     if best is not None:
-        frac = best["fraction_of_limit"]
-        of = "-" if frac is None else f"{100 * frac:.0f}%"
+        of = _pct(best["fraction_of_limit"])
         out.append(
             f"\nbest: {best['preset']} at {best['MBps']:.0f} MB/s = "
             f"{f(best['ratio_to_lmdb'], '.2f')}x lmdb, {of} of the physical limit"
