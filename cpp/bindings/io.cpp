@@ -82,7 +82,7 @@ void register_io(nb::module_& m) {
           "__init__",
           [](IoEngine* self, std::vector<std::string> paths, unsigned threads,
              const std::string& method, std::size_t chunk_bytes, std::size_t alignment,
-             unsigned max_retries, std::int64_t retry_backoff_us) {
+             unsigned max_retries, std::int64_t retry_backoff_us, bool stage) {
             IoOptions o;
             o.threads = threads;
             o.method = parse_io_method(method);
@@ -90,10 +90,12 @@ void register_io(nb::module_& m) {
             o.alignment = alignment;
             o.max_retries = max_retries;
             o.retry_backoff = std::chrono::microseconds(retry_backoff_us);
+            o.stage = stage;
             new (self) IoEngine(std::move(paths), o);
           },
           nb::arg("paths"), nb::arg("threads"), nb::arg("method"), nb::arg("chunk_bytes"),
-          nb::arg("alignment"), nb::arg("max_retries"), nb::arg("retry_backoff_us"))
+          nb::arg("alignment"), nb::arg("max_retries"), nb::arg("retry_backoff_us"),
+          nb::arg("stage") = false)
       .def(
           "submit",
           [](IoEngine& e, const Ids& f, const I64& o, const I64& l, const Bytes& buffer,

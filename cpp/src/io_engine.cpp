@@ -8,6 +8,7 @@
 #include <feedline/io_engine.hpp>
 
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -80,6 +81,14 @@ void add(Counters& c, const TaskTally& t, const detail::ReadContext& rc, bool co
 /// in pieces of this size): the buffer, and so each engine thread's memory, stays under it.
 constexpr std::size_t kBounceBytes = std::size_t{1} << 20;
 
+/// A transparent huge page: a staging buffer (IoOptions::stage) is aligned to it and
+/// advised to use them, so that one read into it is one device request.
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+/// Largest read through a thread's staging buffer: two huge pages, so that a tile of
+/// 2 MiB widened by a block at either end is still one read.
+constexpr std::size_t kStageBytes = 2 * kHugePage;
+
 /// An aligned scratch buffer that remembers which bytes of which file it holds.
 class Bounce {
  public:
@@ -88,8 +97,9 @@ class Bounce {
   Bounce& operator=(const Bounce&) = delete;
   ~Bounce() { std::free(data_); }
 
-  unsigned char* reserve(std::size_t bytes, std::size_t align) {
-    align = std::max<std::size_t>(align, 4096);
+  /// @p huge: on whole huge pages (a staging buffer), else on @p align.
+  unsigned char* reserve(std::size_t bytes, std::size_t align, bool huge = false) {
+    align = std::max<std::size_t>(align, huge ? kHugePage : 4096);
     if (bytes > capacity_ || align > align_) {
       std::free(data_);
       capacity_ = round_up(std::max(bytes, capacity_), align);
@@ -99,6 +109,7 @@ class Bounce {
         capacity_ = 0;
         throw std::bad_alloc();
       }
+      if (huge) (void)::madvise(data_, capacity_, MADV_HUGEPAGE);  // advice: may be refused
     }
     forget();
     return data_;
@@ -316,7 +327,7 @@ void EngineState::read_direct(const Piece& p, Bounce& bounce, ReadContext& rc, T
   try {
     const bool aligned = off % d.offset_align == 0 && len % d.offset_align == 0 &&
                          reinterpret_cast<std::uintptr_t>(p.dest) % d.mem_align == 0;
-    if (aligned) {  // straight into the destination: no copy
+    if (aligned && !options.stage) {  // straight into the destination: no copy
       const std::size_t got = pread_full(d.fd, p.dest, len, p.offset, rc, d.offset_align);
       tally.storage_bytes += len;
       files.confirm_direct(p.file);
@@ -327,13 +338,15 @@ void EngineState::read_direct(const Piece& p, Bounce& bounce, ReadContext& rc, T
       return;
     }
     // The aligned cover of the extent, through the bounce buffer in pieces of at most
-    // kBounceBytes (the buffer's size bounds each thread's memory, whatever the extent).
+    // kBounceBytes, or kStageBytes when staging (the buffer's size bounds each thread's
+    // memory, whatever the extent).
     const std::size_t lo = round_down(off, d.offset_align);
     const std::size_t hi = round_up(off + len, d.offset_align);
-    const std::size_t step = std::max(round_down(kBounceBytes, d.offset_align), d.offset_align);
+    const std::size_t most = options.stage ? kStageBytes : kBounceBytes;
+    const std::size_t step = std::max(round_down(most, d.offset_align), d.offset_align);
     for (std::size_t pos = lo; pos < hi; pos += step) {
       const std::size_t n = std::min(step, hi - pos);
-      unsigned char* buf = bounce.reserve(n, d.mem_align);
+      unsigned char* buf = bounce.reserve(n, d.mem_align, options.stage);
       const std::size_t got =
           pread_full(d.fd, buf, n, static_cast<std::int64_t>(pos), rc, d.offset_align);
       tally.storage_bytes += n;

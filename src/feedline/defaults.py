@@ -49,6 +49,12 @@ KNOBS: dict[str, _Knob] = {
     "io_chunk_mib": _Knob(
         8, "largest single read of the I/O engine in MiB (longer extents are split)"
     ),
+    "io_stage": _Knob(
+        "auto",
+        "a node window's O_DIRECT reads go through per-thread huge-page staging buffers and "
+        "are copied in: auto (files on a local block device, ext4/xfs/btrfs, and shared "
+        "memory on 4 KiB pages), on or off",
+    ),
     "io_align": _Knob(0, "O_DIRECT alignment in bytes (0: from the file system, else 4096)"),
     "io_retries": _Knob(3, "retries of a transient I/O error (EIO...) before StorageError"),
     "io_retry_backoff_ms": _Knob(

@@ -73,6 +73,10 @@ struct IoOptions {
                                                   ///< system (statx DIOALIGN), 4096 if unknown
   unsigned max_retries = 3;                       ///< retries of a transient error (EIO...)
   std::chrono::microseconds retry_backoff{1000};  ///< first back-off, doubled per retry
+  bool stage = false;  ///< odirect: read every extent through the thread's huge-page staging
+                       ///< buffer (4 MiB at most) and copy it out, for destinations in
+                       ///< 4 KiB-page shared memory, where one large read would otherwise
+                       ///< become many device (or FUSE) requests of a few hundred pages each
 };
 
 /**
@@ -87,7 +91,7 @@ struct IoStats {
   std::uint64_t storage_bytes = 0;  ///< bytes asked of storage (O_DIRECT rounds each read
                                     ///< out to the alignment; mmap: bytes copied)
   std::uint64_t bounced_bytes = 0;  ///< O_DIRECT bytes copied out of a bounce buffer (the
-                                    ///< read was not aligned where it lands)
+                                    ///< read was not aligned where it lands, or `stage`)
   std::uint64_t ops = 0;            ///< read system calls issued, retries included
   std::uint64_t extents = 0;        ///< extents executed
   std::uint64_t tasks = 0;          ///< tasks (chunks or runs of small extents) executed

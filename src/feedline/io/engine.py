@@ -244,6 +244,12 @@ class IOEngine:
     retry_backoff_s : float, optional
         First pause before a retry; doubled each time (default ``io_retry_backoff_ms``,
         ``FEEDLINE_IO_RETRY_BACKOFF_MS`` = 1 ms: 1 + 2 + 4 ms over the 3 retries).
+    stage : bool, optional
+        ``odirect`` only: read every extent into the thread's own staging buffer (up to
+        *chunk_bytes*, on transparent huge pages when the kernel grants them) and copy it
+        to the destination. For destinations in shared memory of 4 KiB pages (a node
+        window), where one large ``O_DIRECT`` read becomes a device or FUSE request per
+        few hundred pages; the copies are counted in ``bounced_bytes``.
 
     Notes
     -----
@@ -263,6 +269,7 @@ class IOEngine:
         alignment: int | None = None,
         retries: int | None = None,
         retry_backoff_s: float | None = None,
+        stage: bool = False,
     ) -> None:
         if isinstance(files, str | os.PathLike):
             raise TypeError("files must be a sequence of paths, not one path")
@@ -293,6 +300,7 @@ class IOEngine:
             alignment,
             retries,
             int(retry_backoff_s * 1e6),
+            bool(stage),
         )
         self._lock = threading.Lock()
         self._inflight: deque[tuple[Any, Any]] = deque()

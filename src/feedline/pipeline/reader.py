@@ -9,6 +9,7 @@ records out of the merged reads in delivery order.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import defaults
-from ..errors import StorageTimeoutError
+from ..errors import ConfigError, StorageTimeoutError
 from ..io.engine import IOEngine
 from ..plan.extents import merge_extents
 
@@ -115,13 +116,72 @@ def gather(
 DIRECT_BLOCK = 4096
 
 
+#: file systems on a local block device: there an ``O_DIRECT`` read is one request per few
+#: hundred pages of its destination (the queue's ``max_segments``), so a read into 4 KiB
+#: pages becomes several requests where one into huge pages stays one
+_BLOCK_FS = ("ext4", "xfs", "btrfs")
+_THP = "/sys/kernel/mm/transparent_hugepage/"
+
+
+def _thp_mode(name: str) -> str:
+    """The selected value of a transparent-huge-page setting ("" when unreadable)."""
+    try:
+        with open(_THP + name) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[text.find("[") + 1 : text.find("]")] if "[" in text else text.strip()
+
+
+def _shm_on_huge_pages() -> bool:
+    """Whether /dev/shm (where MPI's shared windows live) gives huge pages unasked."""
+    mode = _thp_mode("shmem_enabled")
+    if mode in ("force", "deny"):
+        return mode == "force"
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 3 and parts[1] == "/dev/shm":
+                    return any(
+                        o in ("huge=always", "huge=within_size") for o in parts[3].split(",")
+                    )
+    except OSError:
+        pass
+    return False
+
+
+def stage_reads(files: list[str], method: str) -> bool:
+    """Whether a node window's reads go through the engine's huge-page staging buffers
+    (``IOEngine(stage=True)``; knob ``io_stage``, FEEDLINE_IO_STAGE = auto, on or off).
+
+    ``auto`` stages ``odirect`` reads of files on a local block-device file system when
+    shared memory is on 4 KiB pages and anonymous memory can have huge pages: a 2 MiB read
+    into the window would be split into requests of ``max_segments`` pages (about 1 MiB on
+    a virtio disk), while into a huge page it is one; the copy into the window costs less
+    than the requests it saves (docs/io-engine.md). Not for FUSE or network file systems:
+    their requests are cut by size (FUSE's ``max_pages``, an RPC), whatever the pages.
+    """
+    from ..plan.cost import fs_type
+
+    knob = str(defaults.get("io_stage")).strip().lower()
+    if knob not in ("auto", "on", "off", "1", "0"):
+        raise ConfigError(f"io_stage must be auto, on or off, not {knob!r}")
+    if method != "odirect" or knob in ("off", "0"):
+        return False
+    if knob in ("on", "1"):
+        return True
+    if not files or fs_type(os.path.dirname(os.path.abspath(files[0]))) not in _BLOCK_FS:
+        return False
+    return _thp_mode("enabled") not in ("never", "") and not _shm_on_huge_pages()
+
+
 def direct_align(files: list[str], method: str, known: Any = None) -> tuple[int, Any]:
     """``(block, file sizes)`` for widening read operations to whole direct-I/O blocks
     (:func:`feedline.plan.reads.align_op`) when *method* is ``odirect``; ``(0, known)``
     otherwise or when a file's size cannot be read. *known*: the sizes from an earlier
     call (a source asks once, not at every pass: millions of files on a parallel file
     system are millions of metadata requests)."""
-    import os
 
     if method != "odirect":
         return 0, known
@@ -137,15 +197,17 @@ class _Native:
     """The native engine (:class:`feedline.io.engine.IOEngine`): C++ threads,
     pread/O_DIRECT, retries of transient errors, typed errors from ``result()``."""
 
-    def __init__(self, files: list[str], threads: int, method: str) -> None:
+    def __init__(self, files: list[str], threads: int, method: str, stage: bool = False) -> None:
         self._impl = IOEngine(
             files,
             threads=threads,
             method=method,
             retry_backoff_s=float(defaults.get("io_retry_backoff_ms")) * 1e-3,
+            stage=stage,
         )
         self.threads = threads
         self.method = method
+        self.stage = stage
 
     def abandon(self) -> None:
         self._impl.abandon()
@@ -161,7 +223,7 @@ class _Native:
             "storage_ops": int(st.ops),
             "io_s": float(st.busy_s),
             "io_retries": int(st.retries),
-            "engine": f"native-{self.method}",
+            "engine": f"native-{self.method}" + ("-staged" if self.stage else ""),
             "io_threads": self.threads,
         }
 
@@ -180,19 +242,29 @@ class ExtentReader:
         I/O threads.
     method : {"pread", "odirect", "mmap"}
         Read method of the native engine.
+    shared : bool
+        The destinations are shared memory (a node window): ``odirect`` reads then go
+        through the engine's huge-page staging buffers when :func:`stage_reads` says so.
 
     Thread safety: ``submit`` may be called from any thread; statistics are totals
     over all submitted reads.
     """
 
     def __init__(
-        self, files: list[str], threads: int, method: str = "pread", *, timeout_s: float = 0.0
+        self,
+        files: list[str],
+        threads: int,
+        method: str = "pread",
+        *,
+        timeout_s: float = 0.0,
+        shared: bool = False,
     ) -> None:
         self._impl: Any = None
         self.files = list(files)
         self.timeout_s = float(timeout_s or 0.0)
         self.abandoned: str | None = None  # why the reads were abandoned (a stall)
-        self._impl = _Native(files, threads, method)
+        self.staged = shared and stage_reads(self.files, method)
+        self._impl = _Native(files, threads, method, self.staged)
 
     def submit(self, reads: ReadList, buf: np.ndarray) -> Any:
         """Start reading *reads* into *buf*; ``result()`` raises the typed error on failure,

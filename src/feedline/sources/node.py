@@ -193,8 +193,7 @@ class NodeWindowSource(Source):
         self._w_fail = _HEAD + 3 * n + k
         self._w_rkey = _HEAD + 3 * n + 2 * k  # the pass key of each reader's last flag
         self._w_planned = _HEAD + 3 * n + 3 * k  # (pass, windows planned by the first reader)
-        # per reader: (pass, 0) once no read of an older pass of that reader can still land
-        # in the halves (its serving threads have ended)
+        # per reader: (pass, 0) once no read of its older passes can land (serving threads ended)
         self._w_clear = _HEAD + 3 * n + 3 * k + 1
         words = _HEAD + 3 * n + 4 * k + 1
         self._err0 = -(-words * 8 // 64) * 64
@@ -252,6 +251,7 @@ class NodeWindowSource(Source):
                 self.ctx.options.io_threads,
                 plan.strategy.read,
                 timeout_s=self.ctx.options.timeout_s,
+                shared=True,  # the node window: maybe staged (pipeline.reader.stage_reads)
             )
         self._gen += 1
         if self._shm is None:
