@@ -494,3 +494,73 @@ def test_unaligned_direct_reads_bounce_in_bounded_pieces(tmp_path):
         st = eng.read(np.array([(0, 1 << 20, 2 << 20)], dtype=np.int64), a)
     np.testing.assert_array_equal(a, data[1 << 20 : 3 << 20])
     assert st.bounced_bytes == 0
+
+
+def test_staged_direct_reads_give_the_same_bytes_into_shared_memory(tmp_path, files):
+    """``stage=True`` reads every O_DIRECT extent through the thread's huge-page staging
+    buffer (at most 4 MiB per read) and copies it into the destination, here a /dev/shm
+    mapping like a node window: the same bytes as in-place reads, every byte counted as
+    copied, and a 2 MiB block-aligned extent is still one read."""
+    sizes, paths, contents = files
+    fid, off, ln, dest, nbytes = random_extents(sizes, 300, seed=7)
+    big = np.random.default_rng(5).integers(0, 256, (9 << 20) + 4096, dtype=np.uint8)
+    (tmp_path / "big.bin").write_bytes(big.tobytes())
+    fd = os.open("/dev/shm", os.O_TMPFILE | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, nbytes + (16 << 20))
+        shm = mmap.mmap(fd, nbytes + (16 << 20))
+    finally:
+        os.close(fd)
+    window = np.frombuffer(shm, np.uint8)
+    with IOEngine(paths, threads=3, method="odirect", chunk_bytes=16384, stage=True) as eng:
+        if eng.file_mode(0) == "fallback":
+            pytest.skip("this file system refuses O_DIRECT")
+        st = eng.read((fid, off, ln), window[:nbytes], dest)
+    check(window[:nbytes], contents, fid, off, ln, dest)
+    assert st.bounced_bytes == st.bytes == int(ln.sum())
+    extents = np.array([(0, 1 << 20, 2 << 20), (0, 4096, (9 << 20) - 777)], np.int64)
+    with IOEngine([str(tmp_path / "big.bin")], threads=1, method="odirect", stage=True) as eng:
+        one = eng.read(extents[:1], window[: 2 << 20])
+        np.testing.assert_array_equal(window[: 2 << 20], big[1 << 20 : 3 << 20])
+        st = eng.read(extents[1:], window[4096 : 4096 + (9 << 20) - 777])
+    np.testing.assert_array_equal(
+        window[4096 : 4096 + (9 << 20) - 777], big[4096 : 4096 + (9 << 20) - 777]
+    )
+    assert one.ops == 1 and one.bounced_bytes == 2 << 20
+    assert st.ops == 3  # an 8 MiB chunk in two staged reads of 4 MiB, then the rest
+    del window
+    shm.close()
+
+
+def test_io_stage_knob_decides_which_node_reads_are_staged(tmp_path, monkeypatch):
+    """``io_stage`` (FEEDLINE_IO_STAGE): ``on``/``off`` force it for odirect reads into
+    shared memory, ``auto`` stages only files on a local block-device file system, never
+    buffered reads nor private destinations; another value is a ConfigError."""
+    from feedline import defaults
+    from feedline.pipeline import reader
+    from feedline.plan.cost import fs_type
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x" * 8192)
+    files = [str(f)]
+    with defaults.set(io_stage="on"):
+        assert reader.stage_reads(files, "odirect")
+        assert not reader.stage_reads(files, "pread")
+        r = reader.ExtentReader(files, 1, "odirect", shared=True)
+        assert r.staged and r.stats()["engine"] == "native-odirect-staged"
+        r.close()
+        r = reader.ExtentReader(files, 1, "odirect")
+        assert not r.staged
+        r.close()
+    with defaults.set(io_stage="off"):
+        assert not reader.stage_reads(files, "odirect")
+    with defaults.set(io_stage="auto"):
+        local = fs_type(str(tmp_path)) in ("ext4", "xfs", "btrfs")
+        huge_anon = reader._thp_mode("enabled") not in ("never", "")
+        want = local and huge_anon and not reader._shm_on_huge_pages()
+        assert reader.stage_reads(files, "odirect") == want
+        shm = "/dev/shm/feedline-stage-probe"
+        assert not reader.stage_reads([shm], "odirect")  # tmpfs: not a block device
+    monkeypatch.setenv("FEEDLINE_IO_STAGE", "sometimes")
+    with pytest.raises(ConfigError, match="io_stage"):
+        reader.stage_reads(files, "odirect")
