@@ -6,7 +6,11 @@ before every epoch (docs/deepio.md, "The issue's bars").
     mpiexec -n 4 python dev/epoch_ab.py DATASET PRESET_A PRESET_B [EPOCHS]
 
 The Loaders are created A then B; swap the arguments to swap that too. Epoch e runs A
-then B when e is even, B then A when odd.
+then B when e is even, B then A when odd. A preset may carry Loader options after a
+colon, e.g. the node path against the per-rank one, both with O_DIRECT:
+
+    mpiexec -n 4 python dev/epoch_ab.py DATASET feedline:read=odirect \
+        feedline:read=odirect,source=node
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 
 from mpi4py import MPI
 
-from feedline import Loader, open_dataset
+from feedline import Loader, defaults, open_dataset
 from feedline.io import evict as drop_cached
 
 comm = MPI.COMM_WORLD
@@ -34,7 +38,22 @@ def evict() -> None:
     comm.Barrier()
 
 
-loaders = {name: Loader(ds, 1024, preset=name, decode=False) for name in names}
+def options(name: str) -> tuple[dict, dict]:
+    """``preset:key=value,...`` as Loader keyword arguments and, for keys that are
+    knobs of ``feedline.defaults`` (``io_stage``...), knobs set around that Loader's
+    epochs (numbers as numbers)."""
+    preset, _, rest = name.partition(":")
+    kw: dict = {"preset": preset}
+    knobs: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        (knobs if key in defaults.KNOBS else kw)[key] = (
+            int(value) if value.lstrip("-").isdigit() else value
+        )
+    return kw, knobs
+
+
+loaders = {name: Loader(ds, 1024, decode=False, **options(name)[0]) for name in names}
 times: dict[str, list[float]] = {name: [] for name in names}
 for e in range(epochs):
     for name in names if e % 2 == 0 else names[::-1]:
@@ -42,9 +61,10 @@ for e in range(epochs):
         ld.set_epoch(e)
         evict()
         t = time.perf_counter()
-        for _b in ld:
-            pass
-        comm.Barrier()
+        with defaults.set(options(name)[1]):
+            for _b in ld:
+                pass
+            comm.Barrier()
         times[name].append(time.perf_counter() - t)
 plans = {name: ld.stats().get("plan", ld.stats()["source"]) for name, ld in loaders.items()}
 for ld in loaders.values():
@@ -52,7 +72,7 @@ for ld in loaders.values():
 if comm.Get_rank() == 0:
     for name, v in times.items():
         print(
-            f"{name:16s} " + " ".join(f"{x:.2f}" for x in v),
+            f"{name:36s} " + " ".join(f"{x:.2f}" for x in v),
             f"| epochs 2-{epochs}: sum {sum(v[1:]):.2f} s, median {statistics.median(v[1:]):.3f} s",
             f"| {plans[name]}",
             flush=True,
