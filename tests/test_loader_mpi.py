@@ -213,4 +213,7 @@ def test_node_windows_read_with_odirect_land_in_place(tmp_path, stage):
         assert reader["records"]["bounced"] == 3 * (20_000_000 % 4096)
     else:  # the widened windows' bytes, all through the staging buffers
         assert reader["records"]["bounced"] >= 600 * 100_000
+        assert reader["records"]["engine"] == "native-odirect-staged"
+    # the node's reader keeps as many reads in flight as its 2 ranks would (4 each)
+    assert reader["records"]["threads"] == 8
     assert all(r["overflows"] == 0 for r in ranks)

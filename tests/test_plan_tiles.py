@@ -170,3 +170,16 @@ def test_tiles_are_exactly_once_world_independent_and_resumable(
     new = plan.resume(step, WorldSpec(P2, 1))
     rest = [i for t in range(step, new.num_steps) for r in range(P2) for i in new.samples(r, t)]
     assert rest == plan.samples_after(step).tolist()
+
+
+def test_a_node_reader_has_the_threads_of_the_ranks_it_reads_for():
+    """A node reader keeps as many reads in flight as its ranks would reading for
+    themselves (4 each), at most 32, never fewer than its own 4; the cost model prices
+    node plans with that depth."""
+    from feedline.plan.cost import NODE_READER_MAX_THREADS, reader_threads
+
+    assert reader_threads(4, 1) == 4
+    assert reader_threads(4, 4) == 16
+    assert reader_threads(4, 36) == NODE_READER_MAX_THREADS == 32
+    assert reader_threads(64, 2) == 64  # a user's own larger count stands
+    assert reader_threads(4, 0) == 4

@@ -44,7 +44,11 @@ KNOBS: dict[str, _Knob] = {
         "(default: min(2.5 GB, RAM/4), divided among emulated nodes)",
     ),
     "nodes": _Knob(0, "emulated nodes (0: from COMM_TYPE_SHARED)"),
-    "io_threads": _Knob(4, "native I/O threads per reader"),
+    "io_threads": _Knob(
+        4,
+        "native I/O threads per reading rank; a node reader (source='node') reads for its "
+        "node's ranks with their total, at most 32",
+    ),
     "io_method": _Knob("pread", "I/O engine read method: pread, odirect, mmap or pread-random"),
     "io_chunk_mib": _Knob(
         8, "largest single read of the I/O engine in MiB (longer extents are split)"

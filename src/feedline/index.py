@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import mmap
@@ -201,9 +202,10 @@ class Index:
         """Length of each record as delivered (unpacked when the data is compressed)."""
         return self.lengths if self.packed is None else self.packed.size
 
-    @property
+    @functools.cached_property
     def fixed_length(self) -> int | None:
-        """The common (delivered) record length, or None when lengths vary."""
+        """The common (delivered) record length, or None when lengths vary (computed once:
+        the Loader asks at every step, and a scan of 200,000 lengths costs 0.08 ms)."""
         if len(self) == 0:
             return None
         lengths = self.record_lengths

@@ -81,6 +81,8 @@ for name, fmt, kw in (
         "wrong": wrong,
         "bounced": st.get("bounced_bytes"),
         "storage": st.get("storage_bytes"),
+        "threads": st.get("io_threads"),
+        "engine": st.get("engine"),
         "files": len(files),
     }
 result["overflows"] = overflows[0]

@@ -46,6 +46,19 @@ TILE_BYTES = (256 * _KiB, 512 * _KiB, 1 * _MiB, 2 * _MiB, 4 * _MiB, 8 * _MiB, 16
 WINDOW_TILES = (32, 64, 128, 0)
 #: requests a reader keeps in flight (the native engine's threads per reader)
 READER_DEPTH = 4
+#: most engine threads of a node reader (:func:`reader_threads`)
+NODE_READER_MAX_THREADS = 32
+
+
+def reader_threads(io_threads: int, ranks: int) -> int:
+    """Engine threads of a reader that reads for *ranks* ranks: as many requests in
+    flight as those ranks would keep reading for themselves (*io_threads* each), at most
+    :data:`NODE_READER_MAX_THREADS` and never fewer than *io_threads*. A node reader
+    with only its own rank's 4 threads read 794 MB at 84% of the per-rank path's speed
+    on 1 node x 4 ranks here, with 16 at 95% (docs/planner.md)."""
+    return max(io_threads, min(io_threads * max(ranks, 1), NODE_READER_MAX_THREADS))
+
+
 #: the engine splits longer extents into requests of this size (defaults.io_chunk_mib)
 ENGINE_CHUNK = 8 * _MiB
 #: coordination costs (seconds), calibrated on this machine (docs/planner.md)
@@ -438,7 +451,7 @@ def estimate(
     est.memory_per_node = LIVE_WINDOWS * wb * units_per_node
     # bandwidth a reader gets, and contention at the servers
     readers_on_node = 1 if unit == "node" else units_per_node
-    depth = READER_DEPTH
+    depth = reader_threads(READER_DEPTH, -(-sh.ranks // sh.nodes) if unit == "node" else 1)
     streams = U * depth
     f = contention_factor(profile, streams)
     per_reader_bw = min(

@@ -206,9 +206,8 @@ class NodeWindowSource(Source):
         self._layout(self._n, self._k, half, tab)
         shm = self.world.node_array(self._total, np.uint8, owner=0)
         shm.lock_all()
-        # MPI does not zero the window: with one rank per node MPICH's shared window is
-        # private memory, and a new Loader's window got the last one's control words
-        # (its passes' pos/ready/key), which a pass of the same number took as its own
+        # MPI does not zero it: with one rank per node MPICH's window is private memory, and a
+        # new Loader's got the last one's control words, taken by a same-numbered pass as its own
         if self.world.node_rank == 0:
             shm.array[: self._data0] = 0  # control words, failures, plan tables
         shm.sync()
@@ -225,6 +224,7 @@ class NodeWindowSource(Source):
 
     # ---------------------------------------------------------------- setup
     def start(self, plan, first_step: int) -> None:
+        from ..plan.cost import reader_threads as threads
         from ..plan.reads import unit_of, windows
 
         self.stop()
@@ -246,12 +246,12 @@ class NodeWindowSource(Source):
         # every rank: one that plans a window its table could not hold must widen it too
         self._align = direct_align(self.ctx.dataset.files, plan.strategy.read, self._align[1])
         if self._is_reader and self._reader is None:
-            self._reader = ExtentReader(
+            self._reader = ExtentReader(  # shared: maybe staged (pipeline.reader.stage_reads)
                 self.ctx.dataset.files,
-                self.ctx.options.io_threads,
+                threads(self.ctx.options.io_threads, -(-rpn // len(readers))),  # its ranks'
                 plan.strategy.read,
                 timeout_s=self.ctx.options.timeout_s,
-                shared=True,  # the node window: maybe staged (pipeline.reader.stage_reads)
+                shared=True,
             )
         self._gen += 1
         if self._shm is None:
