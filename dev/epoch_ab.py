@@ -11,6 +11,8 @@ colon, e.g. the node path against the per-rank one, both with O_DIRECT:
 
     mpiexec -n 4 python dev/epoch_ab.py DATASET feedline:read=odirect \
         feedline:read=odirect,source=node
+
+DATASET may name emulated nodes' views, ``/tmp/emu/node{node}`` with FEEDLINE_NODES=M.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from feedline.io import evict as drop_cached
 comm = MPI.COMM_WORLD
 path, names = sys.argv[1], sys.argv[2:4]
 epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 10
+if "{node}" in path:  # emulated nodes (docs/emulator.md): FEEDLINE_NODES=M, node = rank * M // P
+    nodes = int(defaults.get("nodes")) or 1
+    path = path.replace("{node}", str(comm.Get_rank() * nodes // comm.Get_size()))
 ds = open_dataset(path, comm=comm)
 
 
