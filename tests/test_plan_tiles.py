@@ -176,10 +176,17 @@ def test_a_node_reader_has_the_threads_of_the_ranks_it_reads_for():
     """A node reader keeps as many reads in flight as its ranks would reading for
     themselves (4 each), at most 32, never fewer than its own 4; the cost model prices
     node plans with that depth."""
-    from feedline.plan.cost import NODE_READER_MAX_THREADS, reader_threads
+    from feedline.plan.cost import NODE_READER_MAX_THREADS, StorageProfile, reader_threads
 
     assert reader_threads(4, 1) == 4
     assert reader_threads(4, 4) == 16
     assert reader_threads(4, 36) == NODE_READER_MAX_THREADS == 32
     assert reader_threads(64, 2) == 64  # a user's own larger count stands
     assert reader_threads(4, 0) == 4
+    # on storage that loses bandwidth beyond server_streams, the job's readers share them
+    collapse = StorageProfile("c", 3e-4, 1e9, 1e9, 2e9, 16, 16)
+    assert collapse.contention == "collapse"
+    assert reader_threads(4, 8, collapse, readers=2) == 8
+    assert reader_threads(4, 8, collapse, readers=4) == 4
+    assert reader_threads(4, 8, collapse, readers=64) == 4  # never fewer than its own
+    assert reader_threads(4, 8, dataclasses.replace(collapse, contention="queue"), 4) == 32

@@ -149,9 +149,8 @@ class Loader:
         self._index: Any = dataset.index
         self.n: int = len(self._index)
         self.decode: bool = dataset.decodes if decode is None else decode
-        # the decoder is made at the first batch (a Datum decoder reads record 0 to learn
-        # the shape: at construction an unreadable file would escape untyped, on one rank)
-        self._decoder: Any = None
+        # made at the first batch: a Datum decoder reads record 0, which could fail untyped
+        self._decoder: Any = None  # at construction, on one rank
         if self.drop_last and self.n and self.n < self.batch_size:
             raise ConfigError(
                 f"drop_last=True with a global batch of {self.batch_size} and {self.n} "
@@ -181,7 +180,7 @@ class Loader:
             dataset=dataset,
             rank=self.world.rank,
             size=self.world.size,
-            options=opts,
+            options=self.options,  # with the model's node reader threads
             world=self.world.dist,
             memory_cap=self.memory_cap,
             ranks_per_node=self.world.ranks_per_node,
@@ -239,8 +238,7 @@ class Loader:
             and self.world.dist is None
             and self.world.size > 1
         ):
-            # PROV's node windows need MPI shared memory: without an MPI world (a
-            # torch.distributed job) every rank reads its own windows
+            # PROV's node windows need MPI shared memory (not torch.distributed's): per rank
             st = st.replace(readers_per_node=0)
         if st.stagger and not getattr(SOURCES[self._source_name], "staggers", False):
             st = st.replace(stagger=0)  # token passing is the LMDBIO source's
@@ -252,7 +250,7 @@ class Loader:
         """Resolve the ``feedline`` preset with the cost model (plan/cost.py): who reads
         (every rank, or one reader per node into a shared window), tiles and windows, or
         the DeepIO store (``store="auto"``). Pure: every rank agrees."""
-        from .plan.cost import choose, get_profile
+        from .plan.cost import choose, get_profile, reader_threads
         from .plan.records import as_records
         from .plan.world import WorldSpec
         from .sources.store_plan import store_overflow, store_unavailable
@@ -294,11 +292,13 @@ class Loader:
             self._source_name = "store"
         elif explicit_source is None:
             self._source_name = "node" if self.strategy.aggregated else "direct"
-            if self._source_name == "direct" and self.strategy.aggregated:  # pragma: no cover
-                self.strategy = self.strategy.replace(readers_per_node=0, region="rank")
         if self._source_name == "store" and "read" not in self._knobs:
             files, epochs = self.dataset.files, self.options.epochs
             self.strategy = self.strategy.replace(read=default_read(files, epochs, store=True))
+        if self._source_name == "node":  # its reader reads for the node's ranks
+            rpn, io = -(-spec.size // spec.nodes), self.options.io_threads
+            n = reader_threads(io, rpn, prof, spec.nodes)
+            self.options = dataclasses.replace(self.options, io_threads=n)
 
     def explain(self) -> str:
         """The cost model's estimate of this Loader's plan and the runners-up."""

@@ -50,13 +50,18 @@ READER_DEPTH = 4
 NODE_READER_MAX_THREADS = 32
 
 
-def reader_threads(io_threads: int, ranks: int) -> int:
+def reader_threads(io_threads: int, ranks: int, profile=None, readers: int = 1) -> int:
     """Engine threads of a reader that reads for *ranks* ranks: as many requests in
     flight as those ranks would keep reading for themselves (*io_threads* each), at most
-    :data:`NODE_READER_MAX_THREADS` and never fewer than *io_threads*. A node reader
-    with only its own rank's 4 threads read 794 MB at 84% of the per-rank path's speed
-    on 1 node x 4 ranks here, with 16 at 95% (docs/planner.md)."""
-    return max(io_threads, min(io_threads * max(ranks, 1), NODE_READER_MAX_THREADS))
+    :data:`NODE_READER_MAX_THREADS` and never fewer than *io_threads*. On a ``collapse``
+    *profile* (streams beyond ``server_streams`` cost bandwidth), the job's *readers*
+    keep within ``server_streams`` together instead. A node reader with only its own
+    rank's 4 threads read 794 MB at 84% of the per-rank path's speed on 1 node x 4 ranks
+    here (local disk), with 16 at 88-94% (docs/planner.md)."""
+    n = max(io_threads, min(io_threads * max(ranks, 1), NODE_READER_MAX_THREADS))
+    if profile is not None and profile.contention == "collapse" and profile.server_streams:
+        n = min(n, max(io_threads, int(profile.server_streams) // max(readers, 1)))
+    return n
 
 
 #: the engine splits longer extents into requests of this size (defaults.io_chunk_mib)
@@ -451,7 +456,9 @@ def estimate(
     est.memory_per_node = LIVE_WINDOWS * wb * units_per_node
     # bandwidth a reader gets, and contention at the servers
     readers_on_node = 1 if unit == "node" else units_per_node
-    depth = reader_threads(READER_DEPTH, -(-sh.ranks // sh.nodes) if unit == "node" else 1)
+    depth = READER_DEPTH
+    if unit == "node":  # a node reader reads for its ranks, with their threads
+        depth = reader_threads(READER_DEPTH, -(-sh.ranks // sh.nodes), profile, U)
     streams = U * depth
     f = contention_factor(profile, streams)
     per_reader_bw = min(

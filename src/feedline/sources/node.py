@@ -224,7 +224,6 @@ class NodeWindowSource(Source):
 
     # ---------------------------------------------------------------- setup
     def start(self, plan, first_step: int) -> None:
-        from ..plan.cost import reader_threads as threads
         from ..plan.reads import unit_of, windows
 
         self.stop()
@@ -248,7 +247,7 @@ class NodeWindowSource(Source):
         if self._is_reader and self._reader is None:
             self._reader = ExtentReader(  # shared: maybe staged (pipeline.reader.stage_reads)
                 self.ctx.dataset.files,
-                threads(self.ctx.options.io_threads, -(-rpn // len(readers))),  # its ranks'
+                self.ctx.options.io_threads,  # the Loader's: its ranks' (plan.cost.reader_threads)
                 plan.strategy.read,
                 timeout_s=self.ctx.options.timeout_s,
                 shared=True,
