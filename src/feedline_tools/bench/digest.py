@@ -17,7 +17,6 @@ ranks being timed.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import struct
@@ -143,19 +142,6 @@ class DeliveryRecorder:
             self._write(view)
             self._stream_bytes += _STEP.size + len(ids) * _SAMPLE.size + view.nbytes
         self.seconds += time.perf_counter() - t0
-
-    def reserve(self, nbytes: int) -> None:
-        """Make room for about *nbytes* of records before a timed run: beyond the memory
-        cap, the spill file's pages are allocated now (``posix_fallocate`` on tmpfs), so
-        that recording a step during the run costs one copy, not a page allocation and
-        zeroing per 4 KiB on CPUs that the timed ranks share."""
-        if not self.enabled or nbytes <= self._spill_bytes or self._raw_bytes:
-            return
-        if self._file is None:
-            self._file = tempfile.TemporaryFile(prefix="feedline-digest-", dir=_spill_dir())  # noqa: SIM115
-        # no room on tmpfs, or a file system without fallocate: it grows as written
-        with contextlib.suppress(OSError):
-            os.posix_fallocate(self._file.fileno(), 0, int(nbytes))
 
     def _write(self, view: memoryview) -> None:
         if self._file is None and self._raw_bytes + view.nbytes > self._spill_bytes:

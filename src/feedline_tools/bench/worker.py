@@ -208,7 +208,6 @@ class _Job:
             runner.prepare(ctx)
         except Exception as e:
             mine["error"] = _describe(e)
-        rec.reserve(_expected_bytes(ctx))
         self.cold()
         emu0 = _emulator_stats(self.source) if self.leader else {}
         _reset_peak_rss()
@@ -308,20 +307,6 @@ class _Job:
             return float(randomization_level(order, n=len(self.source.index)))
         except Exception:
             return None
-
-
-def _expected_bytes(ctx: Any) -> int:
-    """About the record bytes one rank receives in a run (an epoch, or ``steps`` steps):
-    what its delivery recorder makes room for before the timed region (0 when the index
-    cannot say)."""
-    try:
-        lengths = ctx.source.index.lengths
-    except Exception:  # a source without an index: the recorder grows as it writes
-        return 0
-    n = len(lengths)
-    samples = n if ctx.steps is None else min(n, int(ctx.steps) * int(ctx.batch_size))
-    mean = float(lengths.sum()) / max(n, 1)
-    return int(samples * mean / max(ctx.size, 1) * 1.05) + (1 << 20)
 
 
 def _describe(e: BaseException) -> str:
