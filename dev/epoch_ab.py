@@ -17,6 +17,7 @@ DATASET may name emulated nodes' views, ``/tmp/emu/node{node}`` with FEEDLINE_NO
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -25,6 +26,7 @@ from mpi4py import MPI
 
 from feedline import Loader, defaults, open_dataset
 from feedline.io import evict as drop_cached
+from feedline.pipeline.options import PipelineOptions
 
 comm = MPI.COMM_WORLD
 path, names = sys.argv[1], sys.argv[2:4]
@@ -43,6 +45,9 @@ def evict() -> None:
     comm.Barrier()
 
 
+LOADER_OPTIONS = {f.name for f in dataclasses.fields(PipelineOptions)}  # given to the Loader
+
+
 def options(name: str) -> tuple[dict, dict]:
     """``preset:key=value,...`` as Loader keyword arguments and, for keys that are
     knobs of ``feedline.defaults`` (``io_stage``...), knobs set around that Loader's
@@ -52,9 +57,8 @@ def options(name: str) -> tuple[dict, dict]:
     knobs: dict = {}
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
-        (knobs if key in defaults.KNOBS else kw)[key] = (
-            int(value) if value.lstrip("-").isdigit() else value
-        )
+        knob = key in defaults.KNOBS and key not in LOADER_OPTIONS
+        (knobs if knob else kw)[key] = int(value) if value.lstrip("-").isdigit() else value
     return kw, knobs
 
 

@@ -198,7 +198,7 @@ def test_node_windows_read_with_odirect_land_in_place(tmp_path, stage):
     Staged (io_stage=on: through huge-page buffers, then copied in) every byte read is
     copied, and the bytes are the same."""
     env = dict(os.environ, FEEDLINE_POLL_SLEEP_US="500", OMP_NUM_THREADS="1", FEEDLINE_NODES="1")
-    env["FEEDLINE_IO_STAGE"] = stage
+    env.update(FEEDLINE_IO_STAGE=stage, FEEDLINE_IO_THREADS="4")
     out = tmp_path / "out.json"
     script = os.path.join(HERE, "mpi", "node_inplace.py")
     cmd = [mpiexec_command(), "-n", "2", sys.executable, script, str(out), str(tmp_path)]

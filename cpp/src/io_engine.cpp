@@ -102,8 +102,8 @@ class Bounce {
     align = std::max<std::size_t>(align, huge ? kHugePage : 4096);
     if (bytes > capacity_ || align > align_) {
       std::free(data_);
-      capacity_ = round_up(std::max(bytes, capacity_), align);
-      align_ = std::max(align, align_);
+      align_ = std::max(align, align_);  // the size must be a multiple of the alignment
+      capacity_ = round_up(std::max(bytes, capacity_), align_);
       data_ = static_cast<unsigned char*>(std::aligned_alloc(align_, capacity_));
       if (data_ == nullptr) {
         capacity_ = 0;

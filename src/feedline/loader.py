@@ -43,6 +43,7 @@ from .pipeline.passes import _AGREEING
 from .pipeline.passes import Epoch as _Epoch
 from .pipeline.runner import EpochRun, inline_run
 from .pipeline.world import LoaderWorld, resolve_world
+from .plan.cost import node_reader_options
 from .sources.base import SOURCES, RawBatch, Source, SourceContext, source_name_for
 from .units import format_bytes
 
@@ -176,6 +177,9 @@ class Loader:
             self._choose(profile, explicit_source)
         elif profile is not None:
             raise ConfigError("profile= is used by the feedline preset's cost model only")
+        if self._source_name == "node":  # its readers read for the node's ranks: their threads
+            k, prof = self.strategy.readers_per_node, getattr(self.choice, "profile", None)
+            self.options = node_reader_options(self.options, self.world, k, prof)
         ctx = SourceContext(
             dataset=dataset,
             rank=self.world.rank,
@@ -250,7 +254,7 @@ class Loader:
         """Resolve the ``feedline`` preset with the cost model (plan/cost.py): who reads
         (every rank, or one reader per node into a shared window), tiles and windows, or
         the DeepIO store (``store="auto"``). Pure: every rank agrees."""
-        from .plan.cost import choose, get_profile, reader_threads
+        from .plan.cost import choose, get_profile
         from .plan.records import as_records
         from .plan.world import WorldSpec
         from .sources.store_plan import store_overflow, store_unavailable
@@ -295,10 +299,6 @@ class Loader:
         if self._source_name == "store" and "read" not in self._knobs:
             files, epochs = self.dataset.files, self.options.epochs
             self.strategy = self.strategy.replace(read=default_read(files, epochs, store=True))
-        if self._source_name == "node":  # its reader reads for the node's ranks
-            rpn, io = -(-spec.size // spec.nodes), self.options.io_threads
-            n = reader_threads(io, rpn, prof, spec.nodes)
-            self.options = dataclasses.replace(self.options, io_threads=n)
 
     def explain(self) -> str:
         """The cost model's estimate of this Loader's plan and the runners-up."""

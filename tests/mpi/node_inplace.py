@@ -63,7 +63,7 @@ for name, fmt, kw in (
     files = list(ds.files)
     seen = wrong = 0
     with Loader(ds, 8, comm=comm, source="node", read="odirect", store="off", seed=2,
-                decode=False, **kw) as ld:  # fmt: skip
+                decode=False, profile="local", **kw) as ld:  # fmt: skip
         for b in ld:
             lens = np.asarray(b.lengths)
             starts = np.concatenate([[0], np.cumsum(lens)])

@@ -245,8 +245,8 @@ class IOEngine:
         First pause before a retry; doubled each time (default ``io_retry_backoff_ms``,
         ``FEEDLINE_IO_RETRY_BACKOFF_MS`` = 1 ms: 1 + 2 + 4 ms over the 3 retries).
     stage : bool, optional
-        ``odirect`` only: read every extent into the thread's own staging buffer (up to
-        *chunk_bytes*, on transparent huge pages when the kernel grants them) and copy it
+        ``odirect`` only: read every extent into the thread's own staging buffer (reads of
+        at most 4 MiB, on transparent huge pages when the kernel grants them) and copy it
         to the destination. For destinations in shared memory of 4 KiB pages (a node
         window), where one large ``O_DIRECT`` read becomes a device or FUSE request per
         few hundred pages; the copies are counted in ``bounced_bytes``.

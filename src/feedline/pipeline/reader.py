@@ -116,6 +116,8 @@ def gather(
 DIRECT_BLOCK = 4096
 
 
+#: the most an engine thread's staging buffer holds (``kStageBytes`` in io_engine.cpp)
+STAGE_BYTES = 4 << 20
 #: file systems on a local block device: there an ``O_DIRECT`` read is one request per few
 #: hundred pages of its destination (the queue's ``max_segments``), so a read into 4 KiB
 #: pages becomes several requests where one into huge pages stays one
@@ -265,6 +267,12 @@ class ExtentReader:
         self.abandoned: str | None = None  # why the reads were abandoned (a stall)
         self.staged = shared and stage_reads(self.files, method)
         self._impl = _Native(files, threads, method, self.staged)
+
+    @staticmethod
+    def stage_bytes(files: list[str], method: str) -> int:
+        """The most each thread's staging buffer holds when a reader of *files* into
+        shared memory stages (:func:`stage_reads`; 0 when it does not)."""
+        return STAGE_BYTES if stage_reads(files, method) else 0
 
     def submit(self, reads: ReadList, buf: np.ndarray) -> Any:
         """Start reading *reads* into *buf*; ``result()`` raises the typed error on failure,

@@ -64,6 +64,19 @@ def reader_threads(io_threads: int, ranks: int, profile=None, readers: int = 1) 
     return n
 
 
+def node_reader_options(options, world, per_node: int, profile=None):
+    """*options* (a Loader's ``PipelineOptions``) with the ``io_threads`` of a node
+    reader: :func:`reader_threads` of the ranks it reads for, *per_node* readers on each
+    node of *world* (``size`` ranks on ``nodes`` nodes)."""
+    import dataclasses
+
+    k, nodes = max(int(per_node or 1), 1), max(int(world.nodes), 1)
+    per_node_ranks = -(-int(world.size) // nodes)
+    ranks = -(-per_node_ranks // k)  # the ranks one reader reads for
+    n = reader_threads(options.io_threads, ranks, profile, nodes * k)
+    return dataclasses.replace(options, io_threads=n)
+
+
 #: the engine splits longer extents into requests of this size (defaults.io_chunk_mib)
 ENGINE_CHUNK = 8 * _MiB
 #: coordination costs (seconds), calibrated on this machine (docs/planner.md)

@@ -679,12 +679,13 @@ class NodeWindowSource(Source):
         self._ring()
 
     def memory_bytes(self, plan) -> int:
-        # two halves and two plan tables of one window of the node's samples; per rank,
-        # since the Loader multiplies by the ranks of a node
+        # two halves and tables of a window of the node's samples, and the readers' staging
+        # buffers; per rank, since the Loader multiplies by the ranks of a node
         rpn = max(1, self.ctx.ranks_per_node)
         readers = plan.strategy.readers_per_node or 1
         half, tab = _window_bytes(plan, rpn, readers)
-        return 2 * (half + tab) // rpn
+        stage = ExtentReader.stage_bytes(self.ctx.dataset.files, plan.strategy.read)
+        return (2 * (half + tab) + readers * self.ctx.options.io_threads * stage) // rpn
 
     def stats(self) -> dict[str, Any]:
         st = (
