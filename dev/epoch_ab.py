@@ -62,7 +62,8 @@ def options(name: str) -> tuple[dict, dict]:
     return kw, knobs
 
 
-loaders = {name: Loader(ds, 1024, decode=False, **options(name)[0]) for name in names}
+parsed = {name: options(name) for name in names}
+loaders = {name: Loader(ds, 1024, decode=False, **parsed[name][0]) for name in names}
 times: dict[str, list[float]] = {name: [] for name in names}
 for e in range(epochs):
     for name in names if e % 2 == 0 else names[::-1]:
@@ -70,7 +71,7 @@ for e in range(epochs):
         ld.set_epoch(e)
         evict()
         t = time.perf_counter()
-        with defaults.set(options(name)[1]):
+        with defaults.set(parsed[name][1]):
             for _b in ld:
                 pass
             comm.Barrier()

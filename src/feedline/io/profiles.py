@@ -20,18 +20,21 @@ EMULATOR_STATS = ".feedline-stats"
 # --------------------------------------------------------------- mount points
 
 
+def _mount_lines() -> list[list[str]]:
+    """``/proc/self/mounts`` split into fields (empty when unreadable)."""
+    try:
+        with open("/proc/self/mounts") as f:
+            return [line.split() for line in f.read().splitlines()]
+    except OSError:
+        return []
+
+
 def mount_of(path: str, fs_prefix: str = "") -> tuple[str, str] | None:
     """The (mount point, file system type) that holds *path* (``/proc/self/mounts``,
     longest prefix); with *fs_prefix*, only mounts whose type starts with it."""
     real = os.path.realpath(path)
     best: tuple[str, str] | None = None
-    try:
-        with open("/proc/self/mounts") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
+    for parts in _mount_lines():
         if len(parts) < 3 or not parts[2].startswith(fs_prefix):
             continue
         mnt = parts[1].replace("\\040", " ")
@@ -40,6 +43,14 @@ def mount_of(path: str, fs_prefix: str = "") -> tuple[str, str] | None:
         ):
             best = (mnt, parts[2])
     return best
+
+
+def mount_options(mount_point: str) -> tuple[str, ...]:
+    """The options of the mount at *mount_point* (the first listed; empty if none)."""
+    for parts in _mount_lines():
+        if len(parts) > 3 and parts[1] == mount_point:
+            return tuple(parts[3].split(","))
+    return ()
 
 
 def emulator_stats(path: str) -> dict[str, Any] | None:

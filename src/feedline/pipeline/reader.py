@@ -9,6 +9,7 @@ records out of the merged reads in delivery order.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import Future
@@ -125,8 +126,10 @@ _BLOCK_FS = ("ext4", "xfs", "btrfs")
 _THP = "/sys/kernel/mm/transparent_hugepage/"
 
 
+@functools.lru_cache(maxsize=8)
 def _thp_mode(name: str) -> str:
-    """The selected value of a transparent-huge-page setting ("" when unreadable)."""
+    """The selected value of a transparent-huge-page setting ("" when unreadable; read
+    once per process)."""
     try:
         with open(_THP + name) as f:
             text = f.read()
@@ -135,22 +138,15 @@ def _thp_mode(name: str) -> str:
     return text[text.find("[") + 1 : text.find("]")] if "[" in text else text.strip()
 
 
+@functools.lru_cache(maxsize=1)
 def _shm_on_huge_pages() -> bool:
     """Whether /dev/shm (where MPI's shared windows live) gives huge pages unasked."""
+    from ..io.profiles import mount_options
+
     mode = _thp_mode("shmem_enabled")
     if mode in ("force", "deny"):
         return mode == "force"
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 3 and parts[1] == "/dev/shm":
-                    return any(
-                        o in ("huge=always", "huge=within_size") for o in parts[3].split(",")
-                    )
-    except OSError:
-        pass
-    return False
+    return any(o in ("huge=always", "huge=within_size") for o in mount_options("/dev/shm"))
 
 
 def stage_reads(files: list[str], method: str) -> bool:
