@@ -354,7 +354,7 @@ void EngineState::read_direct(const Piece& p, Bounce& bounce, ReadContext& rc, T
       bounce.hold(p.file, static_cast<std::int64_t>(pos), static_cast<std::int64_t>(pos + got));
       const std::size_t a = std::max(pos, off), b = std::min(pos + got, off + len);
       if (b > a) {
-        std::memcpy(p.dest + (a - off), buf + (a - pos), b - a);
+        copy_out(p.dest + (a - off), buf + (a - pos), b - a);
         tally.bounced_bytes += b - a;
       }
       if (got < n) {

@@ -7,8 +7,23 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <thread>
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define FEEDLINE_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FEEDLINE_SANITIZED 1
+#endif
+#if defined(__x86_64__) && !defined(FEEDLINE_SANITIZED)
+#include <emmintrin.h>
+#define FEEDLINE_STREAM_COPY 1
+#endif
 
 namespace feedline::detail {
 
@@ -69,6 +84,36 @@ std::size_t pread_full(int fd, void* dest, std::size_t length, std::int64_t offs
     throw StorageFailure(path, static_cast<std::uint64_t>(at), err, what);
   }
   return got;
+}
+
+void copy_out(void* dest, const void* src, std::size_t n) noexcept {
+#ifdef FEEDLINE_STREAM_COPY
+  if (n >= kStreamCopyBytes) {
+    auto* d = static_cast<unsigned char*>(dest);
+    const auto* s = static_cast<const unsigned char*>(src);
+    // memcpy up to a 16-byte aligned destination, stream whole 64-byte lines, memcpy the tail
+    const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    const std::size_t body = n / 64 * 64;
+    for (std::size_t i = 0; i < body; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    _mm_sfence();  // the stores are weakly ordered: visible before the read completes
+    std::memcpy(d + body, s + body, n - body);
+    return;
+  }
+#endif
+  std::memcpy(dest, src, n);
 }
 
 }  // namespace feedline::detail

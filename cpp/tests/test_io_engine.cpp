@@ -3,6 +3,7 @@
 // typed and name the file, the pool survives concurrency and idle destruction.
 #include <gtest/gtest.h>
 
+#include <feedline/detail/io_posix.hpp>
 #include <feedline/errors.hpp>
 #include <feedline/io_engine.hpp>
 
@@ -657,3 +658,30 @@ TEST(PageCache, EvictDropsAFilesPages) {
 }
 
 }  // namespace
+
+TEST(CopyOut, EveryByteAtAnyAlignmentAndNothingAround) {
+  // copy_out streams copies of kStreamCopyBytes and more (non-temporal stores on x86-64
+  // release builds; memcpy under the sanitizers): head, whole lines and tail all land.
+  const std::size_t big = feedline::detail::kStreamCopyBytes;
+  std::vector<unsigned char> src(3 * big + 200);
+  std::mt19937 rng(3);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  for (const std::size_t n :
+       {std::size_t{0}, std::size_t{1}, big - 1, big, big + 63, 2 * big + 5}) {
+    for (const std::size_t at :
+         {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{64}}) {
+      for (const std::size_t from : {std::size_t{0}, std::size_t{3}}) {
+        std::vector<unsigned char> dst(n + at + 64, 0xA5);
+        feedline::detail::copy_out(dst.data() + at, src.data() + from, n);
+        EXPECT_TRUE(std::equal(src.begin() + static_cast<std::ptrdiff_t>(from),
+                               src.begin() + static_cast<std::ptrdiff_t>(from + n),
+                               dst.begin() + static_cast<std::ptrdiff_t>(at)))
+            << "n=" << n << " at=" << at << " from=" << from;
+        EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(at),
+                                [](unsigned char c) { return c == 0xA5; }));
+        EXPECT_TRUE(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(at + n), dst.end(),
+                                [](unsigned char c) { return c == 0xA5; }));
+      }
+    }
+  }
+}

@@ -475,7 +475,7 @@ class Prov(_Mode):
 
     def _index_window(self, r: int) -> None:
         """This rank's samples in window r: (step, slot) order and byte positions."""
-        from .node import window_layout
+        from .node_plan import window_layout
 
         src = self.src
         first = src.node_ranks.start if src.aggregated else src.ctx.rank

@@ -46,4 +46,19 @@ bool is_transient(int err) noexcept;
 std::size_t pread_full(int fd, void* dest, std::size_t length, std::int64_t offset,
                        ReadContext& ctx, std::size_t direct_align = 0);
 
+/**
+ * @brief Copy @p n bytes out of a bounce or staging buffer into a read's destination.
+ *
+ * Copies of kStreamCopyBytes and more use non-temporal stores on x86-64: the
+ * destination (a window the consumer reads later, often shared memory) is not read for
+ * ownership first and does not evict the cache, which makes the copy about a third
+ * cheaper on the machines measured (docs/io-engine.md, "Staging"). Smaller copies, other
+ * architectures and sanitizer builds (whose checks see memcpy, not intrinsics) use
+ * memcpy. The stores are fenced before returning.
+ */
+void copy_out(void* dest, const void* src, std::size_t n) noexcept;
+
+/// @brief The size from which copy_out() streams.
+inline constexpr std::size_t kStreamCopyBytes = std::size_t{256} << 10;
+
 }  // namespace feedline::detail
