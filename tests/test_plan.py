@@ -94,6 +94,40 @@ def test_keyed_permutation_is_a_bijection(n, seed, inverse):
     assert np.array_equal(permute(y, n, k, inverse=not inverse), np.arange(n))
 
 
+@given(
+    st.lists(st.integers(1, 2**45), min_size=1, max_size=4),
+    st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=4),
+    st.integers(1, 300),
+    st.integers(0, 2**32),
+    st.booleans(),
+)
+def test_native_permutation_gives_the_reference_values(ns, keys, m, seed, inverse):
+    """``feedline._core.permute`` gives bit for bit the values of the numpy expression it
+    replaced (tests/perm_oracle.py), one n and key for all positions or one per
+    position: every plan and checkpoint made before the change stays the same."""
+    from perm_oracle import permute as reference
+
+    rng = np.random.default_rng(seed)
+    n = np.array(ns, dtype=np.int64)[rng.integers(0, len(ns), m)]
+    key = np.array(keys, dtype=np.uint64)[rng.integers(0, len(keys), m)]
+    x = (rng.random(m) * n).astype(np.int64)
+    got = permute(x, n, key, inverse=inverse)
+    assert np.array_equal(got, reference(x, n, key, inverse=inverse))
+    one = permute(x % ns[0], ns[0], np.uint64(keys[0]), inverse=inverse)
+    assert np.array_equal(one, reference(x % ns[0], ns[0], np.uint64(keys[0]), inverse=inverse))
+    assert np.array_equal(permute(got, n, key, inverse=not inverse), x)
+
+
+def test_native_permutation_refuses_positions_outside_the_domain():
+    with pytest.raises(IndexError, match="outside the permutation's domain"):
+        permute(np.array([0, 5]), 5, np.uint64(1))
+    with pytest.raises(IndexError):
+        permute(np.array([-1]), 5, np.uint64(1))
+    assert permute(np.zeros((0,), np.int64), 5, np.uint64(1)).shape == (0,)
+    grid = permute(np.arange(12).reshape(3, 4), np.array([[12], [12], [12]]), np.uint64(9))
+    assert grid.shape == (3, 4) and sorted(grid.ravel().tolist()) == list(range(12))
+
+
 # ----------------------------------------------------------- exactly once
 
 

@@ -77,4 +77,5 @@ NB_MODULE(_core, m) {
   feedline::py::register_unpack(m);
   feedline::py::register_io(m);
   feedline::py::register_sync(m);
+  feedline::py::register_plan(m);
 }

