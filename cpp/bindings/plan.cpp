@@ -22,7 +22,7 @@ constexpr std::size_t kReleaseAt = 4096;  // positions from which the GIL is rel
 void register_plan(nb::module_& m) {
   m.def(
       "permute",
-      [](I64In x, I64In n, U64In key, bool inverse, I64Out out) {
+      [](const I64In& x, const I64In& n, const U64In& key, bool inverse, const I64Out& out) {
         if (out.shape(0) != x.shape(0))
           throw std::invalid_argument("permute: out and x differ in length");
         const std::size_t count = x.shape(0);
