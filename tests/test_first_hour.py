@@ -272,6 +272,23 @@ def test_memory_cap_message_prints_human_units(datum_lmdb):
         assert "1 B" in msg and "bytes" not in msg.replace("bytes per", ""), msg
 
 
+
+def test_byte_knobs_take_units_and_counts_must_be_whole(datum_lmdb):
+    """``window_bytes="128MiB"`` as a Loader option is a size like ``memory_cap``'s (it was
+    a TypeError from a comparison); a count that is not whole is a ConfigError naming
+    the knob."""
+    with Loader(
+        datum_lmdb[0], batch_size=8, preset="tf", window_bytes="1MiB", coalesce_gap="64KiB"
+    ) as ld:
+        assert ld.strategy.window_bytes == 1 << 20 and ld.strategy.coalesce_gap == 64 << 10
+        assert sum(len(b.ids) for b in ld) == len(ld.dataset)
+    for bad, match in (({"window_steps": "many"}, "window_steps"), ({"chunk": 2.5}, "chunk")):
+        with pytest.raises(ConfigError, match=match):
+            Loader(datum_lmdb[0], batch_size=8, preset="tf", **bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        Loader(datum_lmdb[0], batch_size=8, preset="tf", window_bytes="12 parsecs")
+
+
 # ------------------------------------------------------- 4. frameworks as users call them
 
 

@@ -10,6 +10,7 @@ need. Presets name the configurations of the five papers (docs/planner.md, "Pres
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,6 +25,33 @@ Store = Literal["off", "ordered", "opportunistic", "auto"]
 
 ASSIGNMENTS = ("strided", "skip", "contiguous", "global", "chunk", "memory", "window")
 _MiB = 1 << 20
+
+
+#: knobs in bytes: a number, or a size with a unit ("64MiB", "2.5e9"; units.parse_bytes)
+_BYTE_KNOBS = ("chunk_bytes", "window_bytes", "coalesce_bytes", "coalesce_gap")
+#: knobs that count samples, steps or rounds
+_COUNT_KNOBS = ("chunk", "window_steps", "stagger", "prefetch_depth", "load_rounds")
+
+
+def _coerce_counts(st: Strategy) -> None:
+    """Sizes given with a unit become bytes; a count that is not a whole number is a
+    ConfigError naming the knob (not a TypeError from a comparison later)."""
+    from ..units import parse_bytes
+
+    for name in _BYTE_KNOBS + _COUNT_KNOBS:
+        v = getattr(st, name)
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            if (
+                name in _BYTE_KNOBS
+                and isinstance(v, str | numbers.Real)
+                and not isinstance(v, bool)
+            ):
+                v = parse_bytes(v if isinstance(v, str) else float(v), name)
+            elif isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v).is_integer():
+                v = int(v)
+            else:
+                raise ConfigError(f"{name} must be a whole number, not {v!r}")
+        object.__setattr__(st, name, int(v))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +181,7 @@ class Strategy:
             raise ConfigError(
                 f"store must be off, ordered, opportunistic or auto, not {self.store!r}"
             )
+        _coerce_counts(self)
         for name in (
             "chunk",
             "chunk_bytes",
