@@ -272,7 +272,6 @@ def test_memory_cap_message_prints_human_units(datum_lmdb):
         assert "1 B" in msg and "bytes" not in msg.replace("bytes per", ""), msg
 
 
-
 def test_byte_knobs_take_units_and_counts_must_be_whole(datum_lmdb):
     """``window_bytes="128MiB"`` as a Loader option is a size like ``memory_cap``'s (it was
     a TypeError from a comparison); a count that is not whole is a ConfigError naming
@@ -287,6 +286,9 @@ def test_byte_knobs_take_units_and_counts_must_be_whole(datum_lmdb):
             Loader(datum_lmdb[0], batch_size=8, preset="tf", **bad)
     with pytest.raises(ConfigError, match="cannot read"):
         Loader(datum_lmdb[0], batch_size=8, preset="tf", window_bytes="12 parsecs")
+    for v in (float("nan"), float("inf"), "1e400"):  # JSON reads NaN: a state may hold one
+        with pytest.raises(ConfigError, match="not a finite size"):
+            Loader(datum_lmdb[0], batch_size=8, preset="tf", window_bytes=v)
 
 
 # ------------------------------------------------------- 4. frameworks as users call them

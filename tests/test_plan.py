@@ -124,6 +124,8 @@ def test_native_permutation_refuses_positions_outside_the_domain():
     with pytest.raises(IndexError):
         permute(np.array([-1]), 5, np.uint64(1))
     assert permute(np.zeros((0,), np.int64), 5, np.uint64(1)).shape == (0,)
+    scalar = permute(3, 10, 5)  # a scalar position gives a 0-d array, as it always did
+    assert scalar.shape == () and int(scalar) == int(permute(np.array([3]), 10, 5)[0])
     grid = permute(np.arange(12).reshape(3, 4), np.array([[12], [12], [12]]), np.uint64(9))
     assert grid.shape == (3, 4) and sorted(grid.ravel().tolist()) == list(range(12))
 

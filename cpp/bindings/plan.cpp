@@ -35,7 +35,7 @@ void register_plan(nb::module_& m) {
                   out.data());
         }
       },
-      nb::arg("x"), nb::arg("n"), nb::arg("key"), nb::arg("inverse"), nb::arg("out"),
+      nb::arg("x"), nb::arg("n"), nb::arg("key"), nb::arg("inverse"), nb::arg("out").noconvert(),
       "out[i] = the keyed permutation of [0, n[i]) applied to x[i] (n, key: 1 value or one "
       "per position); IndexError for a position outside its domain.");
 }

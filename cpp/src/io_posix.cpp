@@ -91,8 +91,9 @@ void copy_out(void* dest, const void* src, std::size_t n) noexcept {
   if (n >= kStreamCopyBytes) {
     auto* d = static_cast<unsigned char*>(dest);
     const auto* s = static_cast<const unsigned char*>(src);
-    // memcpy up to a 16-byte aligned destination, stream whole 64-byte lines, memcpy the tail
-    const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16;
+    // memcpy up to a cache-line aligned destination, stream whole 64-byte lines, memcpy
+    // the tail
+    const std::size_t head = (64 - reinterpret_cast<std::uintptr_t>(d) % 64) % 64;
     std::memcpy(d, s, head);
     d += head;
     s += head;

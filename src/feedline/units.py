@@ -9,6 +9,7 @@ One parser for every size feedline accepts (``memory_cap=``, ``FEEDLINE_MEMORY_C
 
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import ConfigError
@@ -27,14 +28,20 @@ def parse_bytes(value: int | float | str, what: str = "size") -> int:
     """
     if isinstance(value, bool):
         raise ConfigError(f"{what}: {value!r} is not a size")
-    if isinstance(value, int | float):
-        return int(value)
-    m = _SIZE.match(str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(
-            f"{what}: cannot read {value!r} as a size (e.g. 4096, 64MB, 64MiB, 2G, 2.5e9)"
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        size = value
+    else:
+        m = _SIZE.match(str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(
+                f"{what}: cannot read {value!r} as a size (e.g. 4096, 64MB, 64MiB, 2G, 2.5e9)"
+            )
+        size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(size):
+        raise ConfigError(f"{what}: {value!r} is not a finite size")
+    return int(size)
 
 
 def format_bytes(n: float) -> str:

@@ -67,9 +67,9 @@ def permute(x, n, key, *, inverse: bool = False) -> np.ndarray:
     -------
     numpy.ndarray of int64
     """
-    x = np.ascontiguousarray(x, dtype=np.int64)
+    x = np.asarray(x, dtype=np.int64)
     shape = x.shape
-    x = x.ravel()
+    x = np.ascontiguousarray(x.ravel())
     out = np.empty(x.size, dtype=np.int64)
     if x.size == 0:
         return out.reshape(shape)

@@ -48,7 +48,7 @@ def _coerce_counts(st: Strategy) -> None:
             ):
                 v = parse_bytes(v if isinstance(v, str) else float(v), name)
             elif isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v).is_integer():
-                v = int(v)
+                v = int(float(v))
             else:
                 raise ConfigError(f"{name} must be a whole number, not {v!r}")
         object.__setattr__(st, name, int(v))

@@ -394,6 +394,11 @@ class NodeWindowSource(Source):
             this_pass.published += 1
             self._ctl[self._w_rkey + self._my] = this_pass.key
             self._publish(self._w_ready + self._my, _enc(this_pass.gen, this_pass.published))
+        self._submit(this_pass)
+        self._plan_ahead(this_pass)  # also when the next half is not free yet
+
+    def _submit(self, this_pass: _Pass) -> None:
+        """Start the reads of the windows the node has room for (two at most)."""
         n = len(this_pass.steps)
         while this_pass.next_submit < n and this_pass.next_submit - this_pass.published < 2:
             if not this_pass.clear and not self._clear(this_pass):
@@ -417,7 +422,6 @@ class NodeWindowSource(Source):
                 self._fail(this_pass, w, e)
                 return
             this_pass.next_submit += 1
-        self._plan_ahead(this_pass)
 
     def _plan_ahead(self, this_pass: _Pass) -> None:
         """The first reader plans the next window to read while the node's reads are in
