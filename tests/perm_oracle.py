@@ -8,22 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from feedline.plan._perm import mix64  # the round function, shared with subkeys
+
 _ROUNDS = 6  # even, so the half widths return to their start
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    x = np.asarray(x, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(30))
-        x = x * _M1
-        x = x ^ (x >> np.uint64(27))
-        x = x * _M2
-        x = x ^ (x >> np.uint64(31))
-    return x
 
 
 def _bits(n: np.ndarray) -> np.ndarray:
@@ -59,23 +47,7 @@ def _feistel(x, wl, wr, rk, inverse: bool):
 
 
 def permute(x, n, key, *, inverse: bool = False) -> np.ndarray:
-    """Apply the keyed permutation of ``[0, n)`` to positions *x*.
-
-    Parameters
-    ----------
-    x : array of int
-        Positions in ``[0, n)``.
-    n : int or array of int
-        Domain size (may differ per element, broadcast with *x*).
-    key : uint64 or array of uint64
-        Permutation key (may differ per element).
-    inverse : bool
-        Apply the inverse permutation.
-
-    Returns
-    -------
-    numpy.ndarray of int64
-    """
+    """feedline.plan._perm.permute as numpy evaluated it (same arguments, same values)."""
     x = np.asarray(x, dtype=np.int64)
     shape = x.shape
     x = x.ravel()
