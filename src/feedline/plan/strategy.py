@@ -40,14 +40,12 @@ def _coerce_counts(st: Strategy) -> None:
 
     for name in _BYTE_KNOBS + _COUNT_KNOBS:
         v = getattr(st, name)
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            if (
-                name in _BYTE_KNOBS
-                and isinstance(v, str | numbers.Real)
-                and not isinstance(v, bool)
-            ):
+        if isinstance(v, bool):
+            raise ConfigError(f"{name} must be a whole number, not {v!r}")
+        if not isinstance(v, numbers.Integral):
+            if name in _BYTE_KNOBS and isinstance(v, str | numbers.Real):
                 v = parse_bytes(v if isinstance(v, str) else float(v), name)
-            elif isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v).is_integer():
+            elif isinstance(v, numbers.Real) and float(v).is_integer():
                 v = int(float(v))
             else:
                 raise ConfigError(f"{name} must be a whole number, not {v!r}")

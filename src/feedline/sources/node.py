@@ -319,10 +319,7 @@ class NodeWindowSource(Source):
     def _plan_window(self, this_pass: _Pass, r: int) -> list:
         """The first reader plans window *r* (or takes the plan it made ahead,
         :meth:`_plan_ahead`) and publishes it in table ``r % 2``."""
-        ops = this_pass.ops.get(r)
-        if ops is None:
-            ops = self._window_ops(this_pass, r)
-            this_pass.ops[r] = ops
+        ops = self._planned(this_pass, r)
         words = self._tabs[r % 2].view(np.int64)
         n = _pack_ops(ops, words[3:])
         words[0], words[1], words[2] = n, this_pass.key, r  # n < 0: too large, the others plan it
@@ -430,13 +427,15 @@ class NodeWindowSource(Source):
         published with the submission (its table may still hold the plan of a window
         being read)."""
         w = this_pass.next_submit
-        if (
-            self._my == 0
-            and this_pass.failed is None
-            and w < len(this_pass.steps)
-            and w not in this_pass.ops
-        ):
-            this_pass.ops[w] = self._window_ops(this_pass, w)
+        if self._my == 0 and this_pass.failed is None and w < len(this_pass.steps):
+            self._planned(this_pass, w)
+
+    def _planned(self, this_pass: _Pass, r: int) -> list:
+        """Window *r*'s plan, made once per pass (:meth:`_window_ops`)."""
+        ops = this_pass.ops.get(r)
+        if ops is None:
+            ops = this_pass.ops[r] = self._window_ops(this_pass, r)
+        return ops
 
     def _clear(self, this_pass: _Pass) -> bool:
         """Whether no read of an older pass, by any reader of the node, can still land in
