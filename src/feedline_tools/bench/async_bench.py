@@ -538,12 +538,22 @@ def run(args: argparse.Namespace) -> int:
             # training loop waits for data per step when there is nothing to overlap
             # (exposed I/O without compute; the epoch time would add Loader start-up)
             if fixed_ms is None:
+                # the same epochs and page-cache eviction as the timed rows: a single
+                # epoch without the evicting thread reads faster than any timed epoch
                 cal = run_scenario(
                     f"async-{name}-calibrate",
-                    [RunSpec("async", "loader:async", buf, {"buffer_samples": shape.buffer})],
+                    [
+                        RunSpec(
+                            "async",
+                            "loader-timed:async",
+                            buf | {"epochs": epochs, "evict_ms": args.evict_ms},
+                            {"buffer_samples": shape.buffer},
+                        )
+                    ],
                     dataset,
                     _sub_args(args, compute_ms=0.0, no_plots=True, no_limit=True, no_digest=True),
                     batch_size=shape.batch_size,
+                    runner_modules=[__name__],
                 )
                 if cal is None:  # not the root rank of a job started under mpiexec
                     compute_ms = None
@@ -551,10 +561,13 @@ def run(args: argparse.Namespace) -> int:
                     t, w = cal["runs"][0]["time_s"], cal["runs"][0]["exposed_io_s"]
                     if t is None or w is None:
                         raise ConfigError(f"calibration failed: {cal['runs'][0]['error']}")
+                    w /= epochs  # the mean epoch, like the rows
+                    t /= epochs
                     compute_ms = AUTO_FACTOR * 1e3 * w / steps
                     entry["calibration"] = {
                         "async_time_s": t,
                         "async_exposed_io_s": w,
+                        "epochs": epochs,
                         "steps": steps,
                         "read_ms_per_step": 1e3 * w / steps,
                     }
