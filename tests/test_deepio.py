@@ -12,7 +12,7 @@ import pytest
 from feedline import ConfigError
 from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
 from feedline.plan.cost import PROFILES, estimate, shape_of
-from feedline.plan.rl import randomization_level, rl_memory
+from feedline.plan.rl import randomization_level, rl_memory, round_cuts
 from feedline.plan.store_cost import (
     EPOCH_HORIZON,
     FABRIC,
@@ -112,11 +112,16 @@ def test_store_estimate_terms():
     K, g = load_rounds_for(sh, 0.9)
     assert K == MAX_LOAD_ROUNDS and g == -(-LOAD_UNIT_BYTES // 3072)
     assert first.figures["load_rounds"] == K and first.knobs["load_rounds"] == K
-    assert first.knobs["chunk"] == g and first.windows_per_unit == K
+    # the rounds ramp up (round_cuts): the first is a fraction of a full round
+    units = -(-204_800 // g)
+    cuts = round_cuts(units, round(units / K), ramp=True)
+    assert first.knobs["chunk"] == g and first.windows_per_unit == len(cuts) - 1 > K
     assert not first.rejected and first.terms["first_window"] > 0 and first.bytes > 0
     touch = first.memory_per_node * 4 / 8 / FABRIC.touch_bw
     rest = first.terms["latency"] + first.terms["transfer"]
-    assert rest == pytest.approx((K - 1) * (first.terms["first_window"] - touch))
+    share = (cuts[1] - cuts[0]) / units
+    assert share < 1 / K / 2
+    assert rest == pytest.approx((1 / share - 1) * (first.terms["first_window"] - touch))
     assert later.terms["first_window"] == later.terms["transfer"] == 0 == later.bytes  # in memory
     # too small to cut (1 MiB per rank): one load, the whole of it before the first batch
     tiny = shape_of(FlatRecords(2_048, 3072), WorldSpec(8, 4), 256, 2_500_000_000)
@@ -133,7 +138,7 @@ def test_store_estimate_terms():
     assert later.memory_per_node == pytest.approx(1.02 * sh.n * sh.mean_len * sh.span / 4)
     assert opp.figures["remote_gets"] == 0 < later.figures["remote_gets"]
     assert opp.terms["serve"] < later.terms["serve"]
-    assert opp.rl < later.rl == pytest.approx(rl_memory(sh.n, 1 / K, unit=g))
+    assert opp.rl < later.rl == pytest.approx(rl_memory(sh.n, 1 / K, unit=g, ramp=True))
     assert later.rl > 0.9
     # the first epoch pays the load on top of what every epoch pays; comparable with a
     # window candidate's estimate (same Estimate, same term names)
@@ -418,3 +423,54 @@ def test_progressive_first_epoch_shuffles_class_sorted_data(n, size, P, M):
         rank = np.empty(n, dtype=np.int64)
         rank[order] = np.arange(n)  # delivery position of each id
         assert abs(np.corrcoef(np.arange(n), rank)[0, 1]) <= 0.1, seed
+
+
+@pytest.mark.parametrize("units", [0, 1, 7, 44, 683, 3200, 10_000])
+@pytest.mark.parametrize("per_round", [1, 3, 11, 43, 200, 20_000])
+def test_round_cuts_ramp_up_to_full_rounds(units, per_round):
+    """Uniform cuts are rounds of per_round units (the last short); ramped ones start at
+    max(RAMP_MIN_UNITS, per_round / RAMP_FIRST) units and grow by about RAMP_GROWTH per
+    round, never past per_round, and cover the same units."""
+    from feedline.plan.rl import RAMP_FIRST, RAMP_GROWTH, RAMP_MIN_UNITS
+
+    flat = round_cuts(units, per_round)
+    assert flat.tolist() == sorted({*range(0, units, per_round), units})
+    cuts = round_cuts(units, per_round, ramp=True)
+    assert cuts[0] == 0 and cuts[-1] == units and (np.diff(cuts) > 0).all()
+    sizes = np.diff(cuts)
+    assert (sizes <= per_round).all() or per_round >= units
+    first = max(RAMP_MIN_UNITS, -(-per_round // RAMP_FIRST))
+    if first < per_round < units:
+        assert sizes[0] == min(first, units)
+        grow = sizes[:-1][sizes[:-1] < per_round]  # the ramp (the last round may be short)
+        assert (np.diff(grow) >= 1).all() and (grow[1:] <= grow[:-1] * RAMP_GROWTH + 1).all()
+        assert len(sizes) >= len(np.diff(flat)) and sizes[0] < per_round  # a small first
+    else:
+        assert cuts.tolist() == flat.tolist()
+
+
+@pytest.mark.parametrize("preset", ["deepio-ordered", "deepio-opportunistic"])
+def test_a_progressive_first_epoch_is_ramped_and_exactly_once(preset):
+    """Epoch 0 of a progressive store (load_rounds K, R = 1) follows memory(1/K) with
+    ramped rounds: the store's layout (layout_stream) and the plan agree on the rounds,
+    each round's positions hold exactly the round's ids, and every id comes once; the
+    model's RL is the ramped one."""
+    from feedline.plan.assign_memory import layout_stream
+
+    rec = FlatRecords(20_000, 100)
+    st = get_strategy(preset, load_rounds=8, chunk=16)
+    plan = make_plan(rec, WorldSpec(4, 2), st, 3, 0, 64)
+    lay = layout_stream(20_000, plan.strategy, 3)
+    assert lay is not None and lay.rounds > 8
+    assert lay.cuts.tolist() == round_cuts(1250, round(1250 / 8), ramp=True).tolist()
+    rounds = _Rounds(plan)
+    assert rounds.progressive and rounds.count == lay.rounds
+    order = plan.order()
+    assert np.array_equal(np.sort(order), np.arange(20_000))
+    for r in range(lay.rounds):
+        lo, hi = int(rounds.lo[r]), int(rounds.hi[r])
+        assert np.array_equal(np.sort(order[lo:hi]), lay.round_ids(r)), r
+    assert rounds.hi[0] - rounds.lo[0] < rounds.hi[-2] - rounds.lo[-2]
+    P = 4 if preset == "deepio-opportunistic" else 1
+    want = rl_memory(20_000, 1 / 8, unit=16, ranks=P, ramp=True)
+    assert randomization_level(plan) == pytest.approx(want)

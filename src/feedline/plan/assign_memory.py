@@ -22,24 +22,28 @@ import numpy as np
 
 from ._perm import derive_key, permute, subkeys
 from .layout import even_part, even_start, floor_start
-from .rl import unit_size
+from .rl import ramps, round_cuts, unit_size
 from .stream import Assignment, GroupSlots
 
 
 class MemoryStream:
-    def __init__(self, n: int, g: int, fraction: float, key: np.uint64) -> None:
+    """``memory(R)``'s order: rounds of ``R`` of the units (*ramp*: growing first rounds,
+    :func:`~feedline.plan.rl.round_cuts`, a progressive store's first epoch)."""
+
+    def __init__(self, n: int, g: int, fraction: float, key: np.uint64, ramp: bool = False) -> None:
         self.n, self.g = n, g
         self.slots = GroupSlots(n, g, key)
         units = self.slots.groups
         self.per_round = max(1, round(fraction * units)) if units else 1
-        self.rounds = -(-units // self.per_round) if units else 0
+        #: the first unit slot of every round, and the units last
+        self.cuts = round_cuts(units, self.per_round, ramp)
+        self.rounds = len(self.cuts) - 1
         self.inner = derive_key(int(key), 0x4D454D52)  # "MEMR"
 
     def round_bounds(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """First and one-past-last position of rounds *r*."""
         r = np.asarray(r, dtype=np.int64)
-        lo_slot = r * self.per_round
-        hi_slot = np.minimum(lo_slot + self.per_round, self.slots.groups)
+        lo_slot, hi_slot = self.cuts[r], self.cuts[r + 1]
         lo = self.slots.slot_start(lo_slot)
         hi = np.where(hi_slot >= self.slots.groups, self.n, self.slots.slot_start(hi_slot))
         return lo, hi
@@ -47,8 +51,7 @@ class MemoryStream:
     def round_ids(self, r: int) -> np.ndarray:
         """Round *r*'s sample ids, sorted: the units (groups of g contiguous samples) of
         its slots, so one permutation per unit, not per sample."""
-        lo = r * self.per_round
-        hi = min(lo + self.per_round, self.slots.groups)
+        lo, hi = int(self.cuts[r]), int(self.cuts[r + 1])
         groups = np.sort(self.slots.group_at(np.arange(lo, hi, dtype=np.int64)))
         sizes = self.slots.size_of_group(groups).astype(np.int64)
         starts = groups * self.g
@@ -59,9 +62,9 @@ class MemoryStream:
 
     def take(self, q: np.ndarray) -> np.ndarray:
         q = np.asarray(q, dtype=np.int64)
-        # round of q: slot of q // per_round
+        # round of q: the round whose cuts hold q's unit slot
         slot, _, _ = self.slots.locate(q)
-        r = slot // self.per_round
+        r = np.searchsorted(self.cuts, slot, side="right") - 1
         lo, hi = self.round_bounds(r)
         inner = permute(q - lo, hi - lo, subkeys(self.inner, r))
         _, group, off = self.slots.locate(lo + inner)
@@ -77,13 +80,15 @@ class OpportunisticStream(MemoryStream):
     shares of ranks with fewer (positions a ``drop_last`` epoch never delivers count as
     a last pseudo-rank's)."""
 
-    def __init__(self, n: int, g: int, fraction: float, key: np.uint64, geo) -> None:
-        super().__init__(n, g, fraction, key)
+    def __init__(
+        self, n: int, g: int, fraction: float, key: np.uint64, geo, ramp: bool = False
+    ) -> None:
+        super().__init__(n, g, fraction, key, ramp)
         self.B, self.P, self.total = geo.B, geo.P, geo.total
         self._geo = geo
         self.opp = derive_key(int(key), 0x4F505054)  # "OPPT"
-        r = np.arange(max(self.rounds, 1), dtype=np.int64)
-        lo, hi = self.round_bounds(r)
+        r = np.arange(self.rounds, dtype=np.int64)
+        lo, hi = self.round_bounds(r) if self.rounds else (np.zeros(1), np.zeros(1))
         self._lo = np.atleast_1d(np.asarray(lo, dtype=np.int64))
         self._hi = np.atleast_1d(np.asarray(hi, dtype=np.int64))
         self._sorted: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -116,8 +121,7 @@ class OpportunisticStream(MemoryStream):
             return idx
         got = self._sorted.get(r)
         if got is None:
-            lo = r * self.per_round
-            hi = min(lo + self.per_round, self.slots.groups)
+            lo, hi = int(self.cuts[r]), int(self.cuts[r + 1])
             groups = np.sort(self.slots.group_at(np.arange(lo, hi, dtype=np.int64)))
             sizes = self.slots.size_of_group(groups).astype(np.int64)
             got = (groups, np.cumsum(sizes), sizes)
@@ -187,21 +191,21 @@ def layout_stream(n: int, strategy, seed: int) -> MemoryStream | None:
     if not K:
         return None
     key = epoch_key(int(seed), 0, strategy.assignment)
-    stream = MemoryStream(n, unit_size(n, strategy), 1.0 / K, key)
+    stream = MemoryStream(n, unit_size(n, strategy), 1.0 / K, key, ramp=True)
     return stream if stream.rounds > 1 else None
 
 
 def _make(n: int, strategy, key: np.uint64, geo, records) -> MemoryStream:
     g = unit_size(n, strategy)
     if strategy.store == "opportunistic":
-        return OpportunisticStream(n, g, strategy.memory_fraction, key, geo)
-    return MemoryStream(n, g, strategy.memory_fraction, key)
+        return OpportunisticStream(n, g, strategy.memory_fraction, key, geo, ramps(strategy))
+    return MemoryStream(n, g, strategy.memory_fraction, key, ramps(strategy))
 
 
 ASSIGNMENT = Assignment(
     name="memory",
     make=lambda n, strategy, key: MemoryStream(
-        n, unit_size(n, strategy), strategy.memory_fraction, key
+        n, unit_size(n, strategy), strategy.memory_fraction, key, ramps(strategy)
     ),
     layout=lambda strategy: "row",
     world_independent=lambda strategy: strategy.store != "opportunistic",

@@ -98,9 +98,44 @@ def rl_grouped(n: int, group: int, *, local_shuffle: bool = False, exact: bool =
     return _q_entropy(n, logp) / _h_fully(n)
 
 
+#: a ramped load's first round holds 1/RAMP_FIRST of a round's units ...
+RAMP_FIRST = 4
+#: ... (at least RAMP_MIN_UNITS), and each next round RAMP_GROWTH times the one before,
+#: until rounds are full: the first batch waits for a small round, and every round's read
+#: still fits in the steps of the rounds loaded before it when compute is only ~1.2x the
+#: read (docs/deepio.md, "Loading")
+RAMP_MIN_UNITS = 8
+RAMP_GROWTH = 1.25
+
+
+def round_cuts(units: int, per_round: int, ramp: bool = False) -> np.ndarray:
+    """The first unit of every round, and *units* last: rounds of *per_round* units
+    (the last may be short), or with *ramp* growing from a first round of
+    ``max(RAMP_MIN_UNITS, per_round / RAMP_FIRST)`` units by RAMP_GROWTH per round up to
+    *per_round* (a progressive store's first epoch)."""
+    units, p = max(int(units), 0), max(int(per_round), 1)
+    sizes: list[int] = []
+    if ramp and p < units:
+        a = max(RAMP_MIN_UNITS, -(-p // RAMP_FIRST))
+        done = 0
+        while a < p and done + a < units:
+            sizes.append(a)
+            done += a
+            a = max(a + 1, int(a * RAMP_GROWTH))
+    head = np.cumsum([0, *sizes], dtype=np.int64)
+    rest = np.arange(int(head[-1]), units, p, dtype=np.int64)
+    return np.unique(np.concatenate([head, rest, np.array([units], dtype=np.int64)]))
+
+
 @lru_cache(maxsize=1024)
 def rl_memory(
-    n: int, fraction: float, *, unit: int = 1, exact: bool = False, ranks: int = 1
+    n: int,
+    fraction: float,
+    *,
+    unit: int = 1,
+    exact: bool = False,
+    ranks: int = 1,
+    ramp: bool = False,
 ) -> float:
     """RL of DeepIO's hybrid pipeline (eq. 4): rounds of a fraction R of the files in memory.
 
@@ -112,6 +147,9 @@ def rl_memory(
     ranks draws its positions of a round from its own N_mem/P samples, so the element at
     round position u is one of the N_mem/P - u//P its rank has left (a rank-stratified
     shuffle: lower RL than the ordered mode's 1/(N_mem - u)).
+
+    *ramp*: the rounds of :func:`round_cuts` with ``ramp`` (a progressive store's first
+    epoch): the first rounds are smaller.
     """
     if not 0 < fraction <= 1:
         raise ConfigError(f"fraction must be in (0, 1], got {fraction}")
@@ -122,18 +160,32 @@ def rl_memory(
     unit = max(1, min(int(unit), n))
     Nf = -(-n // unit)
     Nc = max(1, round(fraction * Nf))
-    Nmem = Nc * unit
+    cuts = round_cuts(Nf, Nc, ramp)  # in files; in samples below (the last file short)
+    at = np.minimum(cuts * unit, n).astype(np.float64)
 
     P = max(1, int(ranks))
 
     def logp(i):
-        r = i // Nmem
-        in_round = np.minimum(Nmem, n - r * Nmem)  # the last round may be short
-        u = i - r * Nmem
+        r = np.searchsorted(at, i, side="right") - 1
+        in_round = at[r + 1] - at[r]
+        u = i - at[r]
         left = in_round - u if P == 1 else np.maximum(np.ceil(in_round / P) - u // P, 1)
-        return np.log2(np.minimum(Nc, Nf - Nc * r) / (Nf - Nc * r)) - np.log2(left)
+        chosen, before = cuts[r + 1] - cuts[r], cuts[r]
+        return np.log2(chosen / (Nf - before)) - np.log2(left)
 
     return _q_entropy(n, logp) / _h_fully(n)
+
+
+def ramps(strategy) -> bool:
+    """The ``memory(1/K)`` order of a progressive store's first epoch (``load_rounds`` K,
+    R = 1/K): its rounds ramp up (:func:`round_cuts`)."""
+    K = int(strategy.load_rounds)
+    return (
+        K > 1
+        and strategy.assignment == "memory"
+        and strategy.store in ("ordered", "opportunistic")
+        and abs(strategy.memory_fraction * K - 1.0) < 1e-9
+    )
 
 
 def rl_of_strategy(n: int, strategy, *, tile: int | None = None, ranks: int = 1) -> float:
@@ -156,7 +208,7 @@ def rl_of_strategy(n: int, strategy, *, tile: int | None = None, ranks: int = 1)
         return rl_grouped(n, tile or chunk_size(n, s), local_shuffle=True)
     if a == "memory":
         P = ranks if s.store == "opportunistic" else 1
-        return rl_memory(n, s.memory_fraction, unit=unit_size(n, s), ranks=P)
+        return rl_memory(n, s.memory_fraction, unit=unit_size(n, s), ranks=P, ramp=ramps(s))
     if a == "window":
         # each window of *tile* samples (the plan's mean window) is shuffled completely;
         # modelled as contiguous groups shuffled locally, a lower bound (a window holds

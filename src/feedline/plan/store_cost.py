@@ -38,7 +38,7 @@ from .cost import (
     contention_factor,
     server_busy_s,
 )
-from .rl import rl_memory
+from .rl import rl_memory, round_cuts
 
 #: samples per unit of the memory assignment (assign_memory.DEFAULT_UNIT)
 _UNIT = 64
@@ -103,7 +103,7 @@ def load_rounds_for(sh: Shape, rl_floor: float) -> tuple[int, int]:
         return (0, 0)
     per_rank = sh.n * sh.mean_len / max(sh.ranks, 1)
     K = min(MAX_LOAD_ROUNDS, units // MIN_ROUND_UNITS, int(per_rank // MIN_ROUND_BYTES))
-    while K > 1 and rl_memory(sh.n, 1.0 / K, unit=g) + 1e-12 < rl_floor:
+    while K > 1 and rl_memory(sh.n, 1.0 / K, unit=g, ramp=True) + 1e-12 < rl_floor:
         K -= 1
     return (K, g) if K > 1 else (0, 0)
 
@@ -151,7 +151,10 @@ def store_estimate(
         return est
     units = max(1, math.ceil(sh.n / (g or _UNIT)))
     per_round = max(1, round((1.0 / K if K else R) * units))
-    rounds = math.ceil(units / per_round)
+    # a progressive load's rounds ramp up: the first is smaller (round_cuts)
+    cuts = round_cuts(units, per_round, ramp=K > 1)
+    rounds = len(cuts) - 1
+    first_share = float(cuts[1] - cuts[0]) / units if rounds > 1 else 1.0
     loads = not (R >= 1.0 and epoch >= 1)
     # loads: each rank reads its share of every round; a round's share is a run of its
     # sorted units (adjacent ones merge): about one read per unit in rounds (R < 1, or
@@ -172,10 +175,10 @@ def store_estimate(
     t_agg = max(t_agg, server_busy_s(profile, reqs, disk) if loads else 0.0)
     # the first round's load is exposed (nothing is served before it is in); the
     # others overlap the rounds served before them: each load is counted once
-    first = (t_lat + max(t_bw, t_agg)) / rounds if loads else 0.0
+    first = (t_lat + max(t_bw, t_agg)) * first_share if loads else 0.0
     if epoch == 0:  # the window's memory is touched once, by the first loads
         first += est.memory_per_node * M / P / fabric.touch_bw
-    t_lat, t_bw, t_agg = (x * (rounds - 1) / rounds for x in (t_lat, t_bw, t_agg))
+    t_lat, t_bw, t_agg = (x * (1.0 - first_share) for x in (t_lat, t_bw, t_agg))
     # serving: of a rank's sub-batch, 1/P is its own memory, (ranks_on_node - 1)/P its
     # node's, the rest on other nodes (ordered); opportunistic serves its own memory
     steps = max(sh.steps, 1)
@@ -216,6 +219,7 @@ def store_estimate(
         1.0 / K if K else R,
         unit=min(g or _UNIT, max(sh.n, 1)),
         ranks=P if mode == "opportunistic" else 1,
+        ramp=K > 1,
     )
     est.figures = {"remote_gets": gets, "remote_bytes": remote, "load_rounds": K}
     return est

@@ -78,7 +78,7 @@ from .store_plan import (  # noqa: F401 - re-exported: the store's layout lives 
     gap_of,
     place_shares,
     share_bytes,
-    slot_bytes,
+    slot_sizes,
     store_bytes,
 )
 
@@ -118,7 +118,7 @@ class StoreSource(Source):
         self._disp = np.zeros(n, dtype=np.int64)
         self._reader: ExtentReader | None = None
         self._rma: Any = None
-        self._slot_bytes = 0
+        self._slot_at = np.zeros(1, dtype=np.int64)  # each slot's first byte, and the end
         self._nslots = 0
         self._resident: list[Any] = []  # per slot: (pass key, round) or ("all",) or None
         self._rounds: _Rounds | None = None
@@ -164,35 +164,31 @@ class StoreSource(Source):
         self._pass_st: dict[str, float] = dict.fromkeys(_PASS_KEYS, 0)
 
     # ---------------------------------------------------------------- sizing
-    def _sizing(self, plan) -> tuple[_Rounds, int, int]:
-        """The plan's rounds, the bytes of a slot and the slots (:func:`slot_bytes`)."""
+    def _sizing(self, plan) -> tuple[_Rounds, np.ndarray]:
+        """The plan's rounds and the bytes of each slot (:func:`slot_sizes`)."""
         rounds = _Rounds(plan)
-        return (
-            rounds,
-            slot_bytes(self._fid, self._off, self._len, plan, self._P, rounds, self._sized),
-            rounds.slots,
+        return rounds, slot_sizes(
+            self._fid, self._off, self._len, plan, self._P, rounds, self._sized
         )
 
-    @staticmethod
-    def _gap_of(plan) -> int:
-        return gap_of(plan)
+    def _slot(self, slot: int) -> tuple[int, int]:
+        """First byte and size of *slot* in this rank's part of the store."""
+        a = int(self._slot_at[slot])
+        return a, int(self._slot_at[slot + 1]) - a
 
-    def _extents(self, part: np.ndarray, mine: bool = False) -> Any:
-        """A rank's *part* of a round as merged reads (through holes of at most the gap,
-        or record by record when that would not fit the slot), and where each record
-        lands in the slot. A pure function of the part and the slot size: every rank
-        computes the same for every share."""
+    def _extents(self, part: np.ndarray, size: int) -> Any:
+        """This rank's *part* of a round as merged reads (through holes of at most the
+        gap, or record by record when that would not fit the *size* bytes of its slot),
+        and where each record lands in the slot (:func:`place_shares` for all shares)."""
         fid, off, ln = self._fid[part], self._off[part], self._len[part]
         c = coalesce(fid, off, ln, gap=self._gap)
-        if c.reads.nbytes > self._slot_bytes:
-            if mine:
-                self._st["shares_uncoalesced"] += 1
+        if c.reads.nbytes > size:
+            self._st["shares_uncoalesced"] += 1
             c = coalesce(fid, off, ln, gap=0)
         return c
 
     def memory_bytes(self, plan) -> int:
-        _, slot, nslots = self._sizing(plan)
-        return slot * nslots
+        return int(self._sizing(plan)[1].sum())
 
     # -------------------------------------------------------------- protocol
     def _key(self, r: int, stage: int) -> int:
@@ -518,12 +514,12 @@ class StoreSource(Source):
         mine = _share(ids, self._P, self._me)
         if len(mine) == 0:
             return None
-        c = self._extents(mine, mine=True)
-        base = slot * self._slot_bytes
-        if c.reads.nbytes > self._slot_bytes:  # pragma: no cover - sized from the index
+        base, size = self._slot(slot)
+        c = self._extents(mine, size)
+        if c.reads.nbytes > size:  # pragma: no cover - sized from the index
             raise FeedlineError("store slot overflow: the share outgrew its bound")
         assert self._reader is not None
-        return self._reader.submit(c.reads, self._rma.array[base : base + self._slot_bytes])
+        return self._reader.submit(c.reads, self._rma.array[base : base + size])
 
     def _placed_add(self, key: Any) -> None:
         """Record that owner/disp describe round *key*. Rounds of one layout (one pass's,
@@ -540,11 +536,10 @@ class StoreSource(Source):
         """Where every sample of a round lies: owner rank and displacement in its part
         (what :meth:`_extents` gives each share, for all P shares at once: its cost does
         not grow with P beyond the arrays)."""
-        owner, src = place_shares(
-            self._fid, self._off, self._len, ids, self._P, self._gap, self._slot_bytes
-        )
+        base, size = self._slot(slot)
+        owner, src = place_shares(self._fid, self._off, self._len, ids, self._P, self._gap, size)
         self._owner[ids] = owner
-        self._disp[ids] = slot * self._slot_bytes + src
+        self._disp[ids] = base + src
 
     # ----------------------------------------------------------------- passes
     @property
@@ -569,15 +564,16 @@ class StoreSource(Source):
         self._pass_st["rma_wait_s"] = 0.0
         self._drain()  # no read may still land in a window about to be replaced
         self._pending = None
-        rounds, slot, nslots = self._sizing(plan)
-        if self._rma is None or slot > self._slot_bytes or nslots > self._nslots:
-            self._allocate(slot, nslots)
+        rounds, sizes = self._sizing(plan)
+        held = np.diff(self._slot_at)
+        if self._rma is None or len(sizes) > len(held) or (sizes > held[: len(sizes)]).any():
+            self._allocate(sizes)
         if self._reader is None:
             self._reader = ExtentReader(
                 self.ctx.dataset.files, self.ctx.options.io_threads, plan.strategy.read
             )
         self._rounds = rounds
-        self._gap = self._gap_of(plan)
+        self._gap = gap_of(plan)
         self._pass += 1
         self._failed = False
         if first_step < plan.num_steps:
@@ -592,27 +588,29 @@ class StoreSource(Source):
         self._ids = self._offs = None
         self._plan = plan
 
-    def _allocate(self, slot: int, nslots: int) -> None:
+    def _allocate(self, sizes: np.ndarray) -> None:
         if self._rma is not None:
             # every rank regrows at the same pass (the sizes depend on the plan only) and
             # allocates collectively next: a plain collective free, no vote
             rma, self._rma = self._rma, None
             rma.free()
         w = self._world
+        total = int(sizes.sum())
         if w is not None and self._comm is not None:
             if self._watch is None:
                 from ..dist.world import PeerWatch
 
                 self._watch = PeerWatch(w, self._comm)
-            self._rma = w.rma_array(slot * nslots, comm=self._comm)
+            self._rma = w.rma_array(total, comm=self._comm)
         else:
             from ..dist.world import RmaArray
 
-            self._rma = RmaArray(np.zeros(slot * nslots, dtype=np.uint8))
-        self._slot_bytes, self._nslots = slot, nslots
-        self._resident = [None] * nslots
+            self._rma = RmaArray(np.zeros(total, dtype=np.uint8))
+        self._slot_at = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._nslots = len(sizes)
+        self._resident = [None] * self._nslots
         self._placed = set()
-        self._st["store_bytes"] = slot * nslots
+        self._st["store_bytes"] = total
 
     def _ensure(self, step: int) -> None:
         assert self._rounds is not None

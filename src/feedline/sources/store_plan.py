@@ -6,7 +6,6 @@ DeepIO store"); and whether the store can be the ``feedline`` preset's choice he
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -195,12 +194,16 @@ def gap_of(plan) -> int:
     return int(plan.strategy.coalesce_gap) or STORE_GAP
 
 
-def slot_bytes(fid, off, ln, plan, P: int, rounds: _Rounds | None = None, cache=None) -> int:
-    """Bytes of one slot of the store for *plan* on *P* ranks: a rank's share of a round,
-    the holes its load reads through included. The same on every rank (from the plan and
-    the index only). With one round (R = 1), every share's exact bytes; with several,
-    the largest ``per`` lengths (a share read record by record), grown by the dataset's
-    proportion of holes + 2% (a share that would not fit that is read record by record).
+def slot_sizes(fid, off, ln, plan, P: int, rounds: _Rounds | None = None, cache=None) -> np.ndarray:
+    """Bytes of every slot of the store for *plan* on *P* ranks: a rank's share of a
+    round, the holes its load reads through included. The same on every rank (from the
+    plan and the index only). With one round (R = 1), every share's exact bytes; with
+    several, the largest ``per`` lengths (a share read record by record; ``per`` the
+    most records a share of the slot's round holds, its units counted whole: the same
+    for every seed), grown by the dataset's proportion
+    of holes + 2% (a share that would not fit that is read record by record). Slots
+    reused by the rounds of a pass (R < 1) are all of the largest round's size; a
+    progressive store's (one per round, kept) each of its own round's.
     *cache* (a dict) keeps what does not change between epochs."""
     rounds = rounds if rounds is not None else _Rounds(plan)
     cache = {} if cache is None else cache
@@ -210,16 +213,21 @@ def slot_bytes(fid, off, ln, plan, P: int, rounds: _Rounds | None = None, cache=
         if key not in cache:
             sizes = share_bytes(fid, off, ln, np.arange(plan.n, dtype=np.int64), P, gap)
             cache[key] = int(sizes.max()) if len(sizes) else 0
-        return int(cache[key])
-    per = -(-int((rounds.hi - rounds.lo).max()) // P)
+        return np.array([cache[key]], dtype=np.int64)
+    if rounds.progressive:  # a round of whole units, whatever the seed places last
+        lens = np.diff(rounds.stream.cuts) * rounds.stream.g
+    else:
+        lens = np.full(rounds.slots, (rounds.hi - rounds.lo).max())
+    per = -(-np.minimum(lens, len(ln)) // P)
     if ("sorted",) not in cache:
-        cache[("sorted",)] = np.sort(ln)[::-1]
-    slot = int(cache[("sorted",)][:per].sum()) if per else 0
+        cache[("sorted",)] = np.concatenate([[0], np.cumsum(np.sort(ln)[::-1])])
+    slot = cache[("sorted",)][per]  # the largest per lengths
     hkey: tuple = ("holes", gap)
     if hkey not in cache:
         whole = int(share_bytes(fid, off, ln, np.arange(len(ln), dtype=np.int64), 1, gap)[0])
         cache[hkey] = whole / max(int(ln.sum()), 1)
-    return max(slot, math.ceil(slot * cache[hkey] * _HOLE_MARGIN))
+    grown = np.ceil(slot * cache[hkey] * _HOLE_MARGIN).astype(np.int64)
+    return np.maximum(slot, grown).astype(np.int64)
 
 
 def store_bytes(index, plan, P: int) -> int:
@@ -227,8 +235,7 @@ def store_bytes(index, plan, P: int) -> int:
     fid, off, ln = (
         np.asarray(a, dtype=np.int64) for a in (index.file_ids, index.offsets, index.lengths)
     )
-    rounds = _Rounds(plan)
-    return slot_bytes(fid, off, ln, plan, P, rounds) * rounds.slots
+    return int(slot_sizes(fid, off, ln, plan, P, _Rounds(plan)).sum())
 
 
 # ------------------------------------------------- the store as the feedline preset's choice
