@@ -458,11 +458,11 @@ def test_a_progressive_first_epoch_is_ramped_and_exactly_once(preset):
     from feedline.plan.assign_memory import layout_stream
 
     rec = FlatRecords(20_000, 100)
-    st = get_strategy(preset, load_rounds=8, chunk=16)
+    st = get_strategy(preset, load_rounds=4, chunk=16)
     plan = make_plan(rec, WorldSpec(4, 2), st, 3, 0, 64)
     lay = layout_stream(20_000, plan.strategy, 3)
-    assert lay is not None and lay.rounds > 8
-    assert lay.cuts.tolist() == round_cuts(1250, round(1250 / 8), ramp=True).tolist()
+    assert lay is not None and lay.rounds > 4
+    assert lay.cuts.tolist() == round_cuts(1250, round(1250 / 4), ramp=True).tolist()
     rounds = _Rounds(plan)
     assert rounds.progressive and rounds.count == lay.rounds
     order = plan.order()
@@ -472,5 +472,5 @@ def test_a_progressive_first_epoch_is_ramped_and_exactly_once(preset):
         assert np.array_equal(np.sort(order[lo:hi]), lay.round_ids(r)), r
     assert rounds.hi[0] - rounds.lo[0] < rounds.hi[-2] - rounds.lo[-2]
     P = 4 if preset == "deepio-opportunistic" else 1
-    want = rl_memory(20_000, 1 / 8, unit=16, ranks=P, ramp=True)
+    want = rl_memory(20_000, 1 / 4, unit=16, ranks=P, ramp=True)
     assert randomization_level(plan) == pytest.approx(want)

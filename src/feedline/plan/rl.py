@@ -104,7 +104,7 @@ RAMP_FIRST = 4
 #: until rounds are full: the first batch waits for a small round, and every round's read
 #: still fits in the steps of the rounds loaded before it when compute is only ~1.2x the
 #: read (docs/deepio.md, "Loading")
-RAMP_MIN_UNITS = 8
+RAMP_MIN_UNITS = 16
 RAMP_GROWTH = 1.25
 
 

@@ -167,9 +167,8 @@ class StoreSource(Source):
     def _sizing(self, plan) -> tuple[_Rounds, np.ndarray]:
         """The plan's rounds and the bytes of each slot (:func:`slot_sizes`)."""
         rounds = _Rounds(plan)
-        return rounds, slot_sizes(
-            self._fid, self._off, self._len, plan, self._P, rounds, self._sized
-        )
+        sizes = slot_sizes(self._fid, self._off, self._len, plan, self._P, rounds, self._sized)
+        return rounds, sizes
 
     def _slot(self, slot: int) -> tuple[int, int]:
         """First byte and size of *slot* in this rank's part of the store."""
@@ -418,6 +417,9 @@ class StoreSource(Source):
     def _read_done(self, st: _RoundLoad, slot: int, key: Any) -> None:
         """Stage 1 -> 2: this rank's share of the round is read (or failed)."""
         fut = st.future
+        if fut is not None and self._ids is None and not self._departed and not fut.done():
+            # the pass's first wait: its order is worked out while the round is read
+            self._ids, self._offs = self._plan.rank_samples(self._me)
         if fut is not None:  # even after an error: the read must not land later
             try:
                 fut.result()  # a stop here leaves the future to _drain
