@@ -79,6 +79,8 @@ def test_async_quick_tables_digests_and_sweep(tmp_path):
         # compute auto: 1.2 x the measured async read time per step
         cal = e["calibration"]
         assert e["compute_ms"] == pytest.approx(1.2 * cal["read_ms_per_step"])
+        # measured over as many epochs as the rows, the page cache emptied the same way
+        assert cal["epochs"] == e["epochs"]
         for r in rows.values():
             assert r["compute_s"] == pytest.approx(e["steps"] * e["compute_ms"] / 1e3)
             assert 0 <= r["first_wait_s"] <= r["exposed_io_s"] <= r["total_s"]
@@ -193,10 +195,13 @@ def test_async_epochs_average_and_follow_each_epochs_order(tmp_path):
     assert rows["async"]["digest"] == rows["async-db"]["digest"] != want
     for r in rows.values():
         assert r["epochs"] == 2 and r["later_first_wait_s"] is not None
+        # the second epoch's own exposed share: a percentage, at least its first wait's
+        assert 0 <= r["later_exposed_pct"] < 100
+        assert r["later_exposed_pct"] > 0 or r["later_first_wait_s"] == 0
         assert r["compute_s"] == pytest.approx(e["steps"] * 1e-3)  # per epoch
         assert r["compute_actual_s"] >= r["compute_s"] * 0.999
         assert 0 <= r["exposed_io_s"] <= r["total_s"]
     # per-epoch read ops: one per sample for tf
     assert rows["tf"]["storage_ops"] == QUICK["cosmoflow"].samples
     md = (tmp_path / "out" / "async.md").read_text()
-    assert "averaged over 2 epoch(s)" in md
+    assert "averaged over 2 epoch(s)" in md and "exposed %, later" in md

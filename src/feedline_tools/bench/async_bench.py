@@ -161,6 +161,9 @@ class _Timing:
         self.first_waits: list[float] = []
         self.compute_s = 0.0
         self.waits: list[float] = []
+        self.epoch_waits: list[float] = []  # exposed I/O of each epoch
+        self.epoch_walls: list[float] = []  # and its wall time (first next() to the end)
+        self._epoch_t0: float | None = None
         self._new_epoch = True
         self.model = None
         if model:
@@ -169,14 +172,24 @@ class _Timing:
             self.model = StepModel()
 
     def epoch(self) -> None:
-        """The next wait is the first of an epoch."""
+        """The next wait is the first of an epoch (which ends the one before)."""
+        self.end()
         self._new_epoch = True
+
+    def end(self) -> None:
+        """The epoch in progress is over (its wall time ends here)."""
+        if self._epoch_t0 is not None:
+            self.epoch_walls.append(time.perf_counter() - self._epoch_t0)
+            self._epoch_t0 = None
 
     def wait(self, seconds: float) -> None:
         if self._new_epoch:
             self.first_waits.append(seconds)
+            self.epoch_waits.append(0.0)
+            self._epoch_t0 = time.perf_counter() - seconds
             self._new_epoch = False
         self.waits.append(seconds)
+        self.epoch_waits[-1] += seconds
 
     def compute(self, ctx: RunContext, raw: Any = None, lengths: Any = None) -> None:
         """The step's compute: a training step of the small model when asked for (on the
@@ -193,7 +206,11 @@ class _Timing:
         # the sub-batch over); waits beyond it are reads that compute did not hide
         med = float(np.median(self.waits)) if self.waits else 0.0
         fw = self.first_waits
+        self.end()
+        later = sum(self.epoch_walls[1:])
         return {
+            # the epochs after the first: what a long training run sees at every epoch
+            "later_exposed_pct": 100 * sum(self.epoch_waits[1:]) / later if later else None,
             "startup_s": self.startup_s,
             "first_wait_s": fw[0] if fw else 0.0,
             "later_first_wait_s": float(np.mean(fw[1:])) if len(fw) > 1 else 0.0,
@@ -287,6 +304,7 @@ class TimedLoaderRunner(LoaderRunner):
                     data = np.ascontiguousarray(batch.data)
                     rec.add(epoch * steps + step, batch.ids, batch.lengths, data)
                     tm.compute(ctx, data, batch.lengths)
+                tm.end()
         self._report(loader, out)
         out.extra |= tm.extra() | {"epochs": self.epochs}
         return out
@@ -374,6 +392,7 @@ class TorchH5Runner(_PeerBase):
                     out.storage_bytes += len(raw)
                     rec.add(epoch * len(batches) + step, ids, lens, raw)
                     tm.compute(ctx, raw, lens)
+                tm.end()
                 del it
         out.io_s = out.exposed_io_s if self.workers == 0 else float("nan")
         out.extra = tm.extra() | {"epochs": self.epochs}
@@ -488,6 +507,7 @@ def _row(run: dict[str, Any], compute_s: float) -> dict[str, Any]:
         "other_s": other,
         "total_s": total,
         "exposed_pct": 100 * exposed / total if total and exposed is not None else None,
+        "later_exposed_pct": ex.get("later_exposed_pct") if epochs > 1 else None,
         "storage_ops": round(sum(v or 0 for v in st["storage_ops"]) / epochs),
         "MBps": run["MBps"],
         "rl": run["rl"],

@@ -64,15 +64,17 @@ def markdown(result: dict[str, Any]) -> str:
         parts.append(
             f"Seconds per epoch, averaged over {epochs} epoch(s) (the page cache emptied "
             "every 100 ms after the first, so no epoch reads from memory); '1st wait' is the "
-            "first step's wait of epoch 1 (cold start) and of later epochs (mean).\n"
+            "first step's wait of epoch 1 (cold start) and of later epochs (mean); "
+            "'exposed %, later' is the exposed share of the epochs after the first (the "
+            "rank that waited longest), what every epoch of a long run would see.\n"
             if epochs > 1
             else "Seconds of one epoch from cold cache.\n"
         )
         parts.append(
             "| I/O strategy | what it is | shuffles? | exposed I/O s | 1st wait, epoch 1 | 1st wait, later | stalls s "
             "| median wait ms | compute s asked (actual) | start-up s | other s | epoch s "
-            "| exposed % | read ops | MB/s | RL | digest |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "| exposed % | exposed %, later | read ops | MB/s | RL | digest |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         )
         for r in e["rows"]:
             if r["error"]:
@@ -88,6 +90,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{_f(r['median_wait_ms'])} | "
                 f"{_f(r['compute_s'])} ({_f(r['compute_actual_s'])}) | {_f(r['startup_s'])} | "
                 f"{_f(r['other_s'])} | {_f(r['total_s'])} | {_f(r['exposed_pct'], '.1f')} | "
+                f"{_f(r.get('later_exposed_pct'), '.1f')} | "
                 f"{r['storage_ops']} | {_f(r['MBps'], '.0f')} | {_f(r['rl'], '.2f')} | "
                 f"{(r['digest'] or '-')[:12]} |"
             )
