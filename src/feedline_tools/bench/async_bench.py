@@ -201,7 +201,7 @@ class _Timing:
             ctx.compute()
         self.compute_s += time.perf_counter() - t0
 
-    def extra(self) -> dict[str, float]:
+    def extra(self) -> dict[str, float | None]:
         # the median wait is what every step pays even when its data is ready (handing
         # the sub-batch over); waits beyond it are reads that compute did not hide
         med = float(np.median(self.waits)) if self.waits else 0.0
