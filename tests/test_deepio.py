@@ -12,7 +12,7 @@ import pytest
 from feedline import ConfigError
 from feedline.plan import FlatRecords, WorldSpec, get_strategy, make_plan
 from feedline.plan.cost import PROFILES, estimate, shape_of
-from feedline.plan.rl import randomization_level, rl_memory, round_cuts
+from feedline.plan.rl import ramp_floor, randomization_level, rl_memory, round_cuts
 from feedline.plan.store_cost import (
     EPOCH_HORIZON,
     FABRIC,
@@ -114,7 +114,7 @@ def test_store_estimate_terms():
     assert first.figures["load_rounds"] == K and first.knobs["load_rounds"] == K
     # the rounds ramp up (round_cuts): the first is a fraction of a full round
     units = -(-204_800 // g)
-    cuts = round_cuts(units, round(units / K), ramp=True)
+    cuts = round_cuts(units, round(units / K), ramp_floor(256, g))
     assert first.knobs["chunk"] == g and first.windows_per_unit == len(cuts) - 1 > K
     assert not first.rejected and first.terms["first_window"] > 0 and first.bytes > 0
     touch = first.memory_per_node * 4 / 8 / FABRIC.touch_bw
@@ -138,7 +138,9 @@ def test_store_estimate_terms():
     assert later.memory_per_node == pytest.approx(1.02 * sh.n * sh.mean_len * sh.span / 4)
     assert opp.figures["remote_gets"] == 0 < later.figures["remote_gets"]
     assert opp.terms["serve"] < later.terms["serve"]
-    assert opp.rl < later.rl == pytest.approx(rl_memory(sh.n, 1 / K, unit=g, ramp=True))
+    assert (
+        opp.rl < later.rl == pytest.approx(rl_memory(sh.n, 1 / K, unit=g, ramp=ramp_floor(256, g)))
+    )
     assert later.rl > 0.9
     # the first epoch pays the load on top of what every epoch pays; comparable with a
     # window candidate's estimate (same Estimate, same term names)
@@ -435,7 +437,7 @@ def test_round_cuts_ramp_up_to_full_rounds(units, per_round):
 
     flat = round_cuts(units, per_round)
     assert flat.tolist() == sorted({*range(0, units, per_round), units})
-    cuts = round_cuts(units, per_round, ramp=True)
+    cuts = round_cuts(units, per_round, ramp=1)
     assert cuts[0] == 0 and cuts[-1] == units and (np.diff(cuts) > 0).all()
     sizes = np.diff(cuts)
     assert (sizes <= per_round).all() or per_round >= units
@@ -460,9 +462,9 @@ def test_a_progressive_first_epoch_is_ramped_and_exactly_once(preset):
     rec = FlatRecords(20_000, 100)
     st = get_strategy(preset, load_rounds=4, chunk=16)
     plan = make_plan(rec, WorldSpec(4, 2), st, 3, 0, 64)
-    lay = layout_stream(20_000, plan.strategy, 3)
+    lay = layout_stream(20_000, plan.strategy, 3, 64)
     assert lay is not None and lay.rounds > 4
-    assert lay.cuts.tolist() == round_cuts(1250, round(1250 / 4), ramp=True).tolist()
+    assert lay.cuts.tolist() == round_cuts(1250, round(1250 / 4), ramp_floor(64, 16)).tolist()
     rounds = _Rounds(plan)
     assert rounds.progressive and rounds.count == lay.rounds
     order = plan.order()
@@ -472,5 +474,33 @@ def test_a_progressive_first_epoch_is_ramped_and_exactly_once(preset):
         assert np.array_equal(np.sort(order[lo:hi]), lay.round_ids(r)), r
     assert rounds.hi[0] - rounds.lo[0] < rounds.hi[-2] - rounds.lo[-2]
     P = 4 if preset == "deepio-opportunistic" else 1
-    want = rl_memory(20_000, 1 / 4, unit=16, ranks=P, ramp=True)
+    want = rl_memory(20_000, 1 / 4, unit=16, ranks=P, ramp=ramp_floor(64, 16))
     assert randomization_level(plan) == pytest.approx(want)
+    # later epochs are uniform full permutations (R = 1)
+    later = make_plan(rec, WorldSpec(4, 2), st, 3, 1, 64)
+    assert later._stream.rounds == 1 and randomization_level(later) == pytest.approx(
+        rl_memory(20_000, 1.0, unit=16, ranks=P)
+    )
+
+
+def test_the_ramp_holds_the_first_global_batch_and_only_a_progressive_epoch_0_ramps():
+    """A global batch larger than the ramp's first round widens it: the first step needs
+    round 0 alone (4,096 CosmoFlow-sized records in units of 6, K = 16, global batch 256).
+    load_rounds with R < 1 does nothing: every epoch's rounds are uniform."""
+    rec = FlatRecords(4096, 10)
+    st = get_strategy("deepio-ordered", load_rounds=16, chunk=6)
+    for B in (16, 128, 256):  # 683 units, full rounds of 43: first 16, 23, then 43 units
+        plan = make_plan(rec, WorldSpec(4, 1), st, 0, 0, B)
+        rounds = _Rounds(plan)
+        assert rounds.progressive and int(rounds.step_max[0]) == 0, B
+        assert int(rounds.hi[0] - rounds.lo[0]) >= B
+        assert np.diff(plan._stream.cuts)[0] == min(43, max(16, ramp_floor(B, 6)))
+    # a batch of a full round or more: no ramp (uniform rounds, as before)
+    for B in (256, 1024):
+        plan = make_plan(rec, WorldSpec(4, 1), st, 0, 0, B)
+        assert np.diff(plan._stream.cuts)[:-1].tolist() == [43] * 15
+    quarter = get_strategy("deepio-ordered", memory_fraction=0.25, load_rounds=4, chunk=16)
+    for epoch in (0, 3):
+        p = make_plan(FlatRecords(20_000, 10), WorldSpec(2, 1), quarter, 1, epoch, 64)
+        sizes = np.diff(p._stream.cuts)
+        assert len(sizes) >= 4 and (sizes[:-1] == p._stream.per_round).all(), epoch

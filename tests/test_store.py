@@ -443,7 +443,7 @@ def test_progressive_first_epoch_waits_for_one_round_and_keeps_them_all(cifar, p
     up: smaller), its first batch waits for the first round only, the other rounds load
     while it is served and stay in memory; later epochs are full permutations that read
     nothing."""
-    from feedline.plan.rl import rl_memory
+    from feedline.plan.rl import ramp_floor, rl_memory
 
     ds = open_dataset(cifar)
     kw = {"load_rounds": 4, "chunk": 4, "seed": 5, "decode": False}
@@ -468,7 +468,7 @@ def test_progressive_first_epoch_waits_for_one_round_and_keeps_them_all(cifar, p
         s = st.stats()
         assert s["rounds_loaded"] == 7 and s["storage_bytes"] > 0
         loaded = s["storage_bytes"]
-        assert s["rl"] == pytest.approx(rl_memory(len(ds), 0.25, unit=4, ramp=True))
+        assert s["rl"] == pytest.approx(rl_memory(len(ds), 0.25, unit=4, ramp=ramp_floor(32, 4)))
         assert s["rl"] < 1
         for e in (1, 2):
             st.set_epoch(e)

@@ -132,7 +132,7 @@ elif mode == "exact":
                 s = st.stats()
                 if K:  # every round loaded in epoch 0 and kept: epoch 1 read nothing
                     # (memory(1/3)'s rounds; the first ramped up when rounds are large)
-                    lay = layout_stream(len(ds.index), st.strategy, 11)
+                    lay = layout_stream(len(ds.index), st.strategy, 11, B)
                     assert lay is not None and lay.rounds >= K, lay
                     assert s["rounds_loaded"] == lay.rounds, (s["rounds_loaded"], lay.rounds)
                 gets[preset, R, K] = (

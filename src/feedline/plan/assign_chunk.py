@@ -278,7 +278,7 @@ def tile_shape(n: int, strategy, B: int, S: int, mean_len: float | None) -> tupl
         T = 2 * T
 
 
-def _make(n: int, strategy, key, geo, records=None):
+def _make(n: int, strategy, key, geo, records=None, epoch: int = 0):
     if strategy.chunk_layout == "column" and geo is not None and geo.steps:
         g, nb = column_shape(n, strategy, geo, records)
         if nb < geo.B:

@@ -22,15 +22,15 @@ import numpy as np
 
 from ._perm import derive_key, permute, subkeys
 from .layout import even_part, even_start, floor_start
-from .rl import ramps, round_cuts, unit_size
+from .rl import ramp_floor, round_cuts, unit_size
 from .stream import Assignment, GroupSlots
 
 
 class MemoryStream:
-    """``memory(R)``'s order: rounds of ``R`` of the units (*ramp*: growing first rounds,
-    :func:`~feedline.plan.rl.round_cuts`, a progressive store's first epoch)."""
+    """``memory(R)``'s order: rounds of ``R`` of the units (*ramp* > 0: growing first
+    rounds, :func:`~feedline.plan.rl.round_cuts`, a progressive store's first epoch)."""
 
-    def __init__(self, n: int, g: int, fraction: float, key: np.uint64, ramp: bool = False) -> None:
+    def __init__(self, n: int, g: int, fraction: float, key: np.uint64, ramp: int = 0) -> None:
         self.n, self.g = n, g
         self.slots = GroupSlots(n, g, key)
         units = self.slots.groups
@@ -80,9 +80,7 @@ class OpportunisticStream(MemoryStream):
     shares of ranks with fewer (positions a ``drop_last`` epoch never delivers count as
     a last pseudo-rank's)."""
 
-    def __init__(
-        self, n: int, g: int, fraction: float, key: np.uint64, geo, ramp: bool = False
-    ) -> None:
+    def __init__(self, n: int, g: int, fraction: float, key: np.uint64, geo, ramp: int = 0) -> None:
         super().__init__(n, g, fraction, key, ramp)
         self.B, self.P, self.total = geo.B, geo.P, geo.total
         self._geo = geo
@@ -182,30 +180,45 @@ def epoch_strategy(strategy, epoch: int):
     return strategy.replace(memory_fraction=1.0 / K) if K else strategy
 
 
-def layout_stream(n: int, strategy, seed: int) -> MemoryStream | None:
-    """The rounds a progressive store loads (epoch 0's ``memory(1/K)``, whatever the
-    epoch being served: the store's layout), or None when it loads in one round."""
+def epoch_ramp(strategy, epoch: int, n: int, batch: int) -> int:
+    """The *ramp* of :func:`~feedline.plan.rl.round_cuts` for *epoch* of *strategy*
+    (global batch *batch*): a progressive store's epoch 0 ramps its rounds up, from a
+    first round that holds the first step; every other order is uniform (0)."""
+    if int(epoch) != 0 or not load_rounds(strategy):
+        return 0
+    return ramp_floor(batch, unit_size(n, strategy))
+
+
+def layout_stream(n: int, strategy, seed: int, batch: int) -> MemoryStream | None:
+    """The rounds a progressive store loads (epoch 0's ``memory(1/K)``, ramped up for a
+    global batch of *batch*, whatever the epoch being served: the store's layout), or
+    None when it loads in one round."""
     from .plan import epoch_key
 
     K = load_rounds(strategy)
     if not K:
         return None
     key = epoch_key(int(seed), 0, strategy.assignment)
-    stream = MemoryStream(n, unit_size(n, strategy), 1.0 / K, key, ramp=True)
+    ramp = epoch_ramp(strategy, 0, n, batch)
+    stream = MemoryStream(n, unit_size(n, strategy), 1.0 / K, key, ramp)
     return stream if stream.rounds > 1 else None
 
 
-def _make(n: int, strategy, key: np.uint64, geo, records) -> MemoryStream:
-    g = unit_size(n, strategy)
-    if strategy.store == "opportunistic":
-        return OpportunisticStream(n, g, strategy.memory_fraction, key, geo, ramps(strategy))
-    return MemoryStream(n, g, strategy.memory_fraction, key, ramps(strategy))
+def _make(n: int, strategy, key: np.uint64, geo, records, epoch: int = 1) -> MemoryStream:
+    """*epoch*'s order of *strategy* (a progressive store's epoch 0: ``memory(1/K)``,
+    ramped up)."""
+    ramp = epoch_ramp(strategy, epoch, n, geo.B)
+    s = epoch_strategy(strategy, epoch)
+    g = unit_size(n, s)
+    if s.store == "opportunistic":
+        return OpportunisticStream(n, g, s.memory_fraction, key, geo, ramp)
+    return MemoryStream(n, g, s.memory_fraction, key, ramp)
 
 
 ASSIGNMENT = Assignment(
     name="memory",
     make=lambda n, strategy, key: MemoryStream(
-        n, unit_size(n, strategy), strategy.memory_fraction, key, ramps(strategy)
+        n, unit_size(n, strategy), strategy.memory_fraction, key
     ),
     layout=lambda strategy: "row",
     world_independent=lambda strategy: strategy.store != "opportunistic",

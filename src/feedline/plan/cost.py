@@ -610,7 +610,8 @@ class Choice:
                 f"{head}: epoch 1 {f['first_epoch_s']:.3f} s (loads {_fmt(c.bytes)} in "
                 f"{c.requests:.0f} requests"
                 + (
-                    f", in {int(f['load_rounds'])} rounds: the first batch waits for one"
+                    f", in {int(c.windows_per_unit)} rounds ramping up to 1/"
+                    f"{int(f['load_rounds'])}: the first batch waits for the first"
                     if f.get("load_rounds")
                     else ""
                 )

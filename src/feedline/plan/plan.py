@@ -346,10 +346,8 @@ def make_plan(
     )
     if strategy.assignment == "window":
         stream = _window_stream(records, world, strategy, key, geo, cap, batch_size)
-    elif a.make_geo:
-        from .assign_memory import epoch_strategy  # a progressive store's epoch 0
-
-        stream = a.make_geo(n, epoch_strategy(strategy, epoch), key, geo, records)
+    elif a.make_geo:  # the epoch: a progressive store's epoch 0 is its own order
+        stream = a.make_geo(n, strategy, key, geo, records, int(epoch))
     else:
         stream = a.make(n, strategy, key)
     return Plan(

@@ -100,23 +100,29 @@ def rl_grouped(n: int, group: int, *, local_shuffle: bool = False, exact: bool =
 
 #: a ramped load's first round holds 1/RAMP_FIRST of a round's units ...
 RAMP_FIRST = 4
-#: ... (at least RAMP_MIN_UNITS), and each next round RAMP_GROWTH times the one before,
-#: until rounds are full: the first batch waits for a small round, and every round's read
-#: still fits in the steps of the rounds loaded before it when compute is only ~1.2x the
-#: read (docs/deepio.md, "Loading")
+#: ... (at least RAMP_MIN_UNITS, and the first global batch), and each next round
+#: RAMP_GROWTH times the one before, until rounds are full: the first batch waits for a
+#: small round, and every round's read still fits in the steps of the rounds loaded
+#: before it when compute is only ~1.2x the read (docs/deepio.md, "Order")
 RAMP_MIN_UNITS = 16
 RAMP_GROWTH = 1.25
 
 
-def round_cuts(units: int, per_round: int, ramp: bool = False) -> np.ndarray:
+def ramp_floor(batch: int, unit: int) -> int:
+    """Units a ramped first round holds at least so that the first step (*batch*
+    samples) needs it alone: its units, one more for a short one."""
+    return -(-max(int(batch), 1) // max(int(unit), 1)) + 1
+
+
+def round_cuts(units: int, per_round: int, ramp: int = 0) -> np.ndarray:
     """The first unit of every round, and *units* last: rounds of *per_round* units
-    (the last may be short), or with *ramp* growing from a first round of
-    ``max(RAMP_MIN_UNITS, per_round / RAMP_FIRST)`` units by RAMP_GROWTH per round up to
-    *per_round* (a progressive store's first epoch)."""
+    (the last may be short), or with *ramp* > 0 (a progressive store's first epoch)
+    growing from a first round of ``max(RAMP_MIN_UNITS, per_round / RAMP_FIRST, ramp)``
+    units by RAMP_GROWTH per round up to *per_round* (:func:`ramp_floor` gives *ramp*)."""
     units, p = max(int(units), 0), max(int(per_round), 1)
     sizes: list[int] = []
     if ramp and p < units:
-        a = max(RAMP_MIN_UNITS, -(-p // RAMP_FIRST))
+        a = max(RAMP_MIN_UNITS, -(-p // RAMP_FIRST), int(ramp))
         done = 0
         while a < p and done + a < units:
             sizes.append(a)
@@ -135,7 +141,7 @@ def rl_memory(
     unit: int = 1,
     exact: bool = False,
     ranks: int = 1,
-    ramp: bool = False,
+    ramp: int = 0,
 ) -> float:
     """RL of DeepIO's hybrid pipeline (eq. 4): rounds of a fraction R of the files in memory.
 
@@ -148,8 +154,8 @@ def rl_memory(
     round position u is one of the N_mem/P - u//P its rank has left (a rank-stratified
     shuffle: lower RL than the ordered mode's 1/(N_mem - u)).
 
-    *ramp*: the rounds of :func:`round_cuts` with ``ramp`` (a progressive store's first
-    epoch): the first rounds are smaller.
+    *ramp*: the rounds of :func:`round_cuts` with that *ramp* (a progressive store's
+    first epoch): the first rounds are smaller.
     """
     if not 0 < fraction <= 1:
         raise ConfigError(f"fraction must be in (0, 1], got {fraction}")
@@ -176,25 +182,17 @@ def rl_memory(
     return _q_entropy(n, logp) / _h_fully(n)
 
 
-def ramps(strategy) -> bool:
-    """The ``memory(1/K)`` order of a progressive store's first epoch (``load_rounds`` K,
-    R = 1/K): its rounds ramp up (:func:`round_cuts`)."""
-    K = int(strategy.load_rounds)
-    return (
-        K > 1
-        and strategy.assignment == "memory"
-        and strategy.store in ("ordered", "opportunistic")
-        and abs(strategy.memory_fraction * K - 1.0) < 1e-9
-    )
-
-
-def rl_of_strategy(n: int, strategy, *, tile: int | None = None, ranks: int = 1) -> float:
+def rl_of_strategy(
+    n: int, strategy, *, tile: int | None = None, ranks: int = 1, ramp: int = 0
+) -> float:
     """RL of an assignment's sampling process (what the planner's orders realise).
 
     *tile*: for ``chunk`` with ``chunk_bytes``, the samples of the plan's unit of local
     shuffling (a sub-tile, ``TiledColumnStream.tile``); without it the model uses the
     per-column group of :func:`~feedline.plan.assign_chunk.chunk_size` (a strategy
     alone knows neither the batch nor the record lengths that size the tiles).
+    *ramp*: ``memory``'s rounds ramp up (a progressive store's first epoch,
+    :func:`round_cuts`).
     """
     from .strategy import get_strategy
 
@@ -208,7 +206,7 @@ def rl_of_strategy(n: int, strategy, *, tile: int | None = None, ranks: int = 1)
         return rl_grouped(n, tile or chunk_size(n, s), local_shuffle=True)
     if a == "memory":
         P = ranks if s.store == "opportunistic" else 1
-        return rl_memory(n, s.memory_fraction, unit=unit_size(n, s), ranks=P, ramp=ramps(s))
+        return rl_memory(n, s.memory_fraction, unit=unit_size(n, s), ranks=P, ramp=ramp)
     if a == "window":
         # each window of *tile* samples (the plan's mean window) is shuffled completely;
         # modelled as contiguous groups shuffled locally, a lower bound (a window holds
@@ -271,10 +269,13 @@ def randomization_level(x: Any = None, n: int | None = None, **kw: Any) -> float
             wl = st.per_step * weighted_window_steps(st.w, x.num_steps)
             mean_w = float(np.minimum(wl, np.maximum(per_unit, 1)).mean()) if len(wl) else 1.0
             return rl_of_strategy(x.n, x.strategy, tile=max(1, round(mean_w)))
-        from .assign_memory import epoch_strategy  # a progressive store's epoch 0
+        from .assign_memory import epoch_ramp, epoch_strategy  # a progressive epoch 0
 
         s = epoch_strategy(x.strategy, x.epoch)
-        return rl_of_strategy(x.n, s, tile=getattr(x._stream, "tile", None), ranks=x.world.size)
+        ramp = epoch_ramp(x.strategy, x.epoch, x.n, x.batch_size)
+        return rl_of_strategy(
+            x.n, s, tile=getattr(x._stream, "tile", None), ranks=x.world.size, ramp=ramp
+        )
     if isinstance(x, (Strategy, str)):
         if n is None:
             raise ConfigError("randomization_level(strategy) needs n (the number of samples)")

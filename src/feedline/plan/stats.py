@@ -289,7 +289,7 @@ def store_load(plan, rank: int) -> tuple[np.ndarray, int]:
     P, n = plan.world.size, plan.n
     gap = int(plan.strategy.coalesce_gap) or STORE_GAP
     stream = plan._stream
-    lay = layout_stream(n, plan.strategy, plan.seed)
+    lay = layout_stream(n, plan.strategy, plan.seed, plan.batch_size)
     if lay is not None:  # R = 1 loaded progressively: the first epoch's rounds
         rounds = [lay.round_ids(r) for r in range(lay.rounds)]
     elif plan.strategy.memory_fraction < 1.0 and hasattr(stream, "round_bounds"):

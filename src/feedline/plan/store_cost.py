@@ -38,7 +38,7 @@ from .cost import (
     contention_factor,
     server_busy_s,
 )
-from .rl import rl_memory, round_cuts
+from .rl import ramp_floor, rl_memory, round_cuts
 
 #: samples per unit of the memory assignment (assign_memory.DEFAULT_UNIT)
 _UNIT = 64
@@ -76,10 +76,12 @@ class Fabric:
 FABRIC = Fabric()
 
 
-#: a progressive first epoch (``load_rounds``, R = 1) loads in at most this many rounds
+#: a progressive first epoch (``load_rounds``, R = 1) loads in at most this many full
+#: rounds (K); its first rounds ramp up (``rl.round_cuts``), so it has a few more
 MAX_LOAD_ROUNDS = 16
-#: units a progressive round holds at least: a batch drawn from it sees units from all
-#: over the dataset (a class-sorted dataset's batches still see ~every class)
+#: units a full progressive round holds at least: a batch drawn from it sees units from
+#: all over the dataset (a class-sorted dataset's batches still see ~every class); the
+#: ramp's first rounds hold at least ``rl.RAMP_MIN_UNITS`` and the first batch
 MIN_ROUND_UNITS = 32
 #: bytes a rank loads per progressive round at least (its reads stay long)
 MIN_ROUND_BYTES = 2 << 20
@@ -103,7 +105,8 @@ def load_rounds_for(sh: Shape, rl_floor: float) -> tuple[int, int]:
         return (0, 0)
     per_rank = sh.n * sh.mean_len / max(sh.ranks, 1)
     K = min(MAX_LOAD_ROUNDS, units // MIN_ROUND_UNITS, int(per_rank // MIN_ROUND_BYTES))
-    while K > 1 and rl_memory(sh.n, 1.0 / K, unit=g, ramp=True) + 1e-12 < rl_floor:
+    ramp = ramp_floor(sh.batch, g)
+    while K > 1 and rl_memory(sh.n, 1.0 / K, unit=g, ramp=ramp) + 1e-12 < rl_floor:
         K -= 1
     return (K, g) if K > 1 else (0, 0)
 
@@ -151,8 +154,9 @@ def store_estimate(
         return est
     units = max(1, math.ceil(sh.n / (g or _UNIT)))
     per_round = max(1, round((1.0 / K if K else R) * units))
-    # a progressive load's rounds ramp up: the first is smaller (round_cuts)
-    cuts = round_cuts(units, per_round, ramp=K > 1)
+    # a progressive load's rounds ramp up from one that holds the first batch (round_cuts)
+    ramp = ramp_floor(B, g) if K > 1 else 0
+    cuts = round_cuts(units, per_round, ramp)
     rounds = len(cuts) - 1
     first_share = float(cuts[1] - cuts[0]) / units if rounds > 1 else 1.0
     loads = not (R >= 1.0 and epoch >= 1)
@@ -219,7 +223,7 @@ def store_estimate(
         1.0 / K if K else R,
         unit=min(g or _UNIT, max(sh.n, 1)),
         ranks=P if mode == "opportunistic" else 1,
-        ramp=K > 1,
+        ramp=ramp,
     )
     est.figures = {"remote_gets": gets, "remote_bytes": remote, "load_rounds": K}
     return est

@@ -32,8 +32,8 @@ class Assignment:
     layout: Callable[[Strategy], str]
     world_independent: Callable[[Strategy], bool]
     #: optional: build the stream knowing the epoch geometry (steps, batch) and the
-    #: records (their mean length sizes the chunk layout's tiles)
-    make_geo: Callable[[int, Strategy, np.uint64, Any, Any], Stream] | None = None
+    #: records (their mean length sizes the chunk layout's tiles), and the epoch
+    make_geo: Callable[[int, Strategy, np.uint64, Any, Any, int], Stream] | None = None
 
 
 class Identity:

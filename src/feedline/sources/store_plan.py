@@ -35,7 +35,7 @@ class _Rounds:
 
         stream = plan._stream
         self.total = plan.total
-        lay = layout_stream(plan.n, plan.strategy, plan.seed)
+        lay = layout_stream(plan.n, plan.strategy, plan.seed, plan.batch_size)
         self.progressive = lay is not None
         own = True  # the steps' positions are those of the rounds
         if lay is not None:

@@ -507,7 +507,7 @@ def _row(run: dict[str, Any], compute_s: float) -> dict[str, Any]:
         "other_s": other,
         "total_s": total,
         "exposed_pct": 100 * exposed / total if total and exposed is not None else None,
-        "later_exposed_pct": ex.get("later_exposed_pct") if epochs > 1 else None,
+        "later_exposed_pct": _worst(st, "later_exposed_pct") if epochs > 1 else None,
         "storage_ops": round(sum(v or 0 for v in st["storage_ops"]) / epochs),
         "MBps": run["MBps"],
         "rl": run["rl"],
@@ -515,6 +515,12 @@ def _row(run: dict[str, Any], compute_s: float) -> dict[str, Any]:
         "error": run.get("error"),
         "params": run["params"],
     }
+
+
+def _worst(st: dict[str, Any], key: str) -> float | None:
+    """The largest of the ranks' *key* in ``stats.extra`` (None when none has it)."""
+    vals = [e[key] for e in st.get("extra") or [] if e and e.get(key) is not None]
+    return max(vals) if vals else None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,8 +65,9 @@ def markdown(result: dict[str, Any]) -> str:
             f"Seconds per epoch, averaged over {epochs} epoch(s) (the page cache emptied "
             "every 100 ms after the first, so no epoch reads from memory); '1st wait' is the "
             "first step's wait of epoch 1 (cold start) and of later epochs (mean); "
-            "'exposed %, later' is the exposed share of the epochs after the first (the "
-            "rank that waited longest), what every epoch of a long run would see.\n"
+            "'exposed %, later' is the share of the epochs after the first spent waiting in "
+            "next() (the largest over the ranks; set_epoch and iter() not counted, as in "
+            "the exposed I/O), what every epoch of a long run would see.\n"
             if epochs > 1
             else "Seconds of one epoch from cold cache.\n"
         )
