@@ -2,8 +2,26 @@
 // One registration function per binding file; module.cpp calls them all.
 #pragma once
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstddef>
+#include <utility>
+#include <vector>
 
 namespace feedline::py {
+/// A C-contiguous CPU array of T with D dimensions: what the bindings take and fill.
+template <class T, std::size_t D = 1>
+using CArray = nanobind::ndarray<T, nanobind::ndim<D>, nanobind::c_contig, nanobind::device::cpu>;
+
+/// A numpy array that takes ownership of *v* (freed with the array).
+template <class T>
+nanobind::ndarray<nanobind::numpy, T, nanobind::ndim<1>> to_numpy(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nanobind::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nanobind::ndarray<nanobind::numpy, T, nanobind::ndim<1>>(heap->data(), {heap->size()},
+                                                                  owner);
+}
+
 void register_errors(nanobind::module_& m);
 void register_lmdb(nanobind::module_& m);
 void register_codecs(nanobind::module_& m);

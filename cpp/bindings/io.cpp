@@ -21,9 +21,9 @@ namespace nb = nanobind;
 namespace feedline::py {
 namespace {
 
-using Ids = nb::ndarray<const std::int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using I64 = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using Bytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Ids = CArray<const std::int32_t>;
+using I64 = CArray<const std::int64_t>;
+using Bytes = CArray<std::uint8_t>;
 using Release = nb::call_guard<ReleaseGil>;
 
 std::vector<Extent> to_extents(const Ids& file_ids, const I64& offsets, const I64& lengths) {

@@ -15,9 +15,9 @@ namespace nb = nanobind;
 
 namespace feedline::py {
 namespace {
-using I64In = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using U64In = nb::ndarray<const std::uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using I64Out = nb::ndarray<std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I64In = CArray<const std::int64_t>;
+using U64In = CArray<const std::uint64_t>;
+using I64Out = CArray<std::int64_t>;
 constexpr std::size_t kReleaseAt = 4096;  // positions from which the GIL is released
 }  // namespace
 

@@ -16,7 +16,7 @@ namespace nb = nanobind;
 namespace feedline::py {
 namespace {
 
-using Words = nb::ndarray<std::uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Words = CArray<std::uint32_t>;
 
 std::uint32_t* word_at(Words& words, std::int64_t index) {
   if (index < 0 || static_cast<std::uint64_t>(index) >= words.shape(0)) {

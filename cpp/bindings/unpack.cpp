@@ -19,18 +19,11 @@ namespace nb = nanobind;
 namespace feedline::py {
 namespace {
 
-using Bytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using Bytes2 = nb::ndarray<const std::uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using I64In = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using U8Out = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Bytes = CArray<const std::uint8_t>;
+using Bytes2 = CArray<const std::uint8_t, 2>;
+using I64In = CArray<const std::int64_t>;
+using U8Out = CArray<std::uint8_t>;
 using Fault = std::optional<std::tuple<std::int64_t, std::string>>;
-
-template <class T>
-nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T>&& v) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
-}
 
 // Spans [starts[i], starts[i]+sizes[i]) of raw must lie inside raw; outputs
 // [out_starts[i], out_starts[i]+out_sizes[i]) inside out.

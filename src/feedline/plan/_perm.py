@@ -8,8 +8,8 @@ on every rank). The permutation is a balanced-as-possible Feistel network over
 walking (expected < 2 steps since ``2**bits < 2n``), evaluated natively
 (``feedline._core.permute``, cpp/src/permute.cpp: 0.7 ms for 32,768 positions against
 5.1 ms for the numpy expression it replaced, which tests/perm_oracle.py keeps as the
-reference). Round keys come from numpy's ``SeedSequence`` of ``(seed, epoch, stream tag)``, so orders are pure functions of
-those. The trade-off: a keyed pseudo-random permutation instead of a Fisher-Yates draw;
+reference). Round keys come from numpy's ``SeedSequence`` of ``(seed, epoch, stream
+tag)``, so orders are pure functions of those. The trade-off: a keyed pseudo-random permutation instead of a Fisher-Yates draw;
 statistically it is indistinguishable for shuffling purposes and it is what makes
 per-rank planning O(samples / ranks).
 """

@@ -200,10 +200,10 @@ def slot_sizes(fid, off, ln, plan, P: int, rounds: _Rounds | None = None, cache=
     plan and the index only). With one round (R = 1), every share's exact bytes; with
     several, the largest ``per`` lengths (a share read record by record; ``per`` the
     most records a share of the slot's round holds, its units counted whole: the same
-    for every seed), grown by the dataset's proportion
-    of holes + 2% (a share that would not fit that is read record by record). Slots
-    reused by the rounds of a pass (R < 1) are all of the largest round's size; a
-    progressive store's (one per round, kept) each of its own round's.
+    for every seed), grown by the dataset's proportion of holes + 2% (a share that would
+    not fit that is read record by record). Slots reused by the rounds of a pass (R < 1)
+    are all of the largest round's size; a progressive store's (one per round, kept)
+    each of its own round's.
     *cache* (a dict) keeps what does not change between epochs."""
     rounds = rounds if rounds is not None else _Rounds(plan)
     cache = {} if cache is None else cache
