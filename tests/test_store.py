@@ -74,6 +74,85 @@ def test_store_delivers_the_plan_and_keeps_r1_in_memory(cifar, preset, R):
     assert s["local_bytes"] == 2 * payload and s["rma_bytes"] == s["node_bytes"] == 0
 
 
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+    """A plain LMDB (liblmdb through the lmdb package) of 4,000 records whose lengths
+    are lognormal (sigma 0.5 around 3 KB: as spread as JPEG files)."""
+    import lmdb
+
+    path = str(tmp_path_factory.mktemp("st") / "uneven")
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(3000), 0.5, 4000), 16, None).astype(int)
+    env = lmdb.open(path, map_size=1 << 28)
+    with env.begin(write=True) as txn:
+        for i, n in enumerate(lengths):
+            txn.put(b"%08d" % i, rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    env.close()
+    return path
+
+
+def test_progressive_slots_hold_their_rounds_not_the_longest_records(uneven):
+    """A progressive store's layout is fixed by its seed: each slot holds its round's
+    largest share (+2%), not a share of the dataset's longest records. Another seed's
+    state, loaded, may regrow the store: the bytes stay exact."""
+    from feedline.sources.store_plan import _SEED_MARGIN, _Rounds
+
+    ds = open_dataset(uneven)
+    ix = ds.index
+    fid, off, ln = (np.asarray(a, dtype=np.int64) for a in (ix.file_ids, ix.offsets, ix.lengths))
+    kw = {"load_rounds": 4, "decode": False}
+    with (
+        Loader(ds, 32, preset="deepio-ordered", seed=5, **kw) as st,
+        Loader(ds, 32, preset="deepio-ordered", source="direct", seed=5, **kw) as ref,
+    ):
+        assert _same(_epoch(st), _epoch(ref))
+        rounds = _Rounds(st._source._plan)
+        assert rounds.progressive and rounds.count >= 4
+        exact = np.array(
+            [
+                share_bytes(fid, off, ln, rounds.ids(r), 1, STORE_GAP).max()
+                for r in range(rounds.count)
+            ]
+        )
+        held = np.diff(st._source._slot_at)
+        assert (held >= exact).all() and (held <= np.ceil(exact * _SEED_MARGIN)).all()
+        # the bound for every seed (before): the rounds' most records, the longest
+        # ones, and the dataset's proportion of holes
+        disk = int(share_bytes(fid, off, ln, np.arange(len(ds)), 1, STORE_GAP)[0])
+        per = np.diff(rounds.stream.cuts) * rounds.stream.g
+        longest = np.concatenate([[0], np.cumsum(np.sort(ln)[::-1])])[per]
+        assert held.sum() < 0.6 * longest.sum() * disk / ln.sum()
+        assert held.sum() < 1.05 * disk  # the dataset's span: what R = 1 at once holds
+        assert st.stats()["shares_uncoalesced"] == 0
+        for seed in (6, 7):  # other layouts: regrown when a round needs more, still exact
+            with Loader(ds, 32, preset="deepio-ordered", seed=seed, **kw) as other:
+                state = other.state_dict()
+            st.load_state_dict(state, strict=False)
+            ref.load_state_dict(state, strict=False)
+            assert _same(_epoch(st), _epoch(ref)), seed
+
+
+def test_plan_shows_what_the_loader_runs_when_the_stores_slots_overflow(uneven):
+    """A cap the model's equal shares fit at R = 0.25, but not that store's slots (sized
+    for any seed: the longest records): the Loader chooses again without the store, and
+    ``feedline plan DATASET`` shows the same plan, with the reason."""
+    from feedline.cli import build_parser
+    from feedline.plan.cli import compute
+
+    ds = open_dataset(uneven)
+    cap = int(1.4 * ds.index.lengths.sum())  # R = 1 needs the span: 1.45x the payload
+    with Loader(ds, 64, decode=False, memory_cap=cap) as ld:
+        s = ld.stats()
+        assert s["source"] == "direct" and "memory cap: the store's slots" in s["plan_store"]
+        ran = ld.strategy.to_dict() | {"read": None}  # resolved by the Loader after
+        read_cap = ld._read_cap()  # the cap less read-ahead batches and index
+    argv = ["plan", uneven, "--batch", "64", "--memory-cap", str(read_cap), "--preset", "feedline"]
+    args = build_parser().parse_args(argv)
+    out = compute(args)
+    assert out["choice"]["strategy"] | {"read": None} == ran
+    assert "not a candidate (memory cap: the store's slots need" in out["_explain"]
+
+
 @pytest.mark.parametrize(("R", "gap"), [(1.0, 0), (1.0, 64), (0.25, 1 << 20)])
 def test_store_loads_read_through_holes_or_record_by_record(cifar, R, gap):
     """The same bytes whatever the gap: record by record (gap 64 B < LMDB's holes), one
@@ -518,9 +597,12 @@ def test_progressive_rounds_needing_c1_begin_only_when_a_step_needs_them(cifar):
     import time
 
     ds = open_dataset(cifar)
-    kw = {"load_rounds": 6, "chunk": 16, "decode": False}
+    # units of 20: 700 records make 35 whole units, so every seed's rounds are of the
+    # same sizes and fit the slots of seed 5 (no regrowing, which would free them all)
+    kw = {"load_rounds": 6, "chunk": 20, "decode": False}
     with Loader(ds, 16, preset="deepio-ordered", seed=5, **kw) as a:
         _epoch(a)  # every slot holds a round of seed 5
+        rma = a._source._rma
         with Loader(ds, 16, preset="deepio-ordered", seed=6, **kw) as b:
             state = b.state_dict()
         a.load_state_dict(state, strict=False)  # seed 6, epoch 0, from step 0
@@ -528,6 +610,7 @@ def test_progressive_rounds_needing_c1_begin_only_when_a_step_needs_them(cifar):
         got = [next(it)]
         time.sleep(0.3)  # the producer runs 2 steps ahead, all in round 0
         src = a._source
+        assert src._rma is rma  # not regrown: the slots still hold seed 5's rounds
         assert int(src._rounds.step_max[3]) == 0
         assert src._hi == 0 and src._next is None and not src._ahead  # nothing read early
         got += list(it)

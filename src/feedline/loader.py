@@ -257,7 +257,7 @@ class Loader:
         from .plan.cost import choose, get_profile
         from .plan.records import as_records
         from .plan.world import WorldSpec
-        from .sources.store_plan import store_overflow, store_unavailable
+        from .sources.store_plan import checked_choice, store_unavailable
 
         files = list(getattr(self.dataset, "files", []) or [])
         prof = get_profile(profile, files[0] if files else None)
@@ -278,12 +278,7 @@ class Loader:
             e = self.options.epochs
             return choose(*args, base=base, aggregate=aggregate, units=units, store=why, epochs=e)
 
-        self.choice = pick(store)
-        over = store_overflow(self._index, self.choice.strategy, args, self.seed)
-        if over and base.store == "auto":  # the closed form was short: windows only
-            self.choice = pick(over)
-        elif over:
-            raise ConfigError(f"store={base.store!r}: {over}")
+        self.choice = checked_choice(pick, store, self._index, args, self.seed, base.store)
         self.strategy = self.choice.strategy
         if mine:  # knobs the user set win over the model's choice
             # one of a pair sizes the same thing in other units: the model's other goes

@@ -55,7 +55,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--memory-cap",
         type=_size,
         default=None,
-        help="bytes per node, e.g. 64MiB, 2G, 2.5e9 (default: feedline's)",
+        help="bytes per node for read buffers, e.g. 64MiB, 2G, 2.5e9 (default: feedline's "
+        "memory cap; a Loader gives its planner its memory_cap less the read-ahead batches "
+        "and the index)",
     )
     p.add_argument(
         "--profile",
@@ -91,7 +93,7 @@ def _records(args):
         opts = {"record_bytes": args.record_bytes} if args.record_bytes else {}
         ds = open_dataset(args.path, format=getattr(args, "format", None), **opts)
         idx = ds.index
-        return as_records(idx), f"{args.path} ({ds.format}, {len(idx)} records)"
+        return as_records(idx), f"{args.path} ({ds.format}, {len(idx)} records)", idx
     if not args.samples:
         raise ConfigError("give a dataset PATH or --samples N (with --sample-bytes, --layout)")
     if args.layout == "lmdb":
@@ -102,12 +104,12 @@ def _records(args):
         return (
             m,
             f"synthetic LMDB: {args.samples} x {args.sample_bytes} B ({how}, {m.file_bytes / 1e9:.1f} GB)",
+            None,
         )
     from .records import FlatRecords
 
-    return FlatRecords(
-        args.samples, args.sample_bytes
-    ), f"flat: {args.samples} x {args.sample_bytes} B"
+    flat = FlatRecords(args.samples, args.sample_bytes)
+    return flat, f"flat: {args.samples} x {args.sample_bytes} B", None
 
 
 def _fmt_bytes(x: float) -> str:
@@ -122,7 +124,7 @@ def compute(args) -> dict[str, Any]:
     """All figures for the command line arguments (importable for tests and the bench)."""
     from .stats import plan_stats
 
-    records, what = _records(args)
+    records, what, index = _records(args)
     world = WorldSpec(args.ranks, args.nodes)
     batch = args.batch or 2 * args.ranks
     names = list(PRESETS) if args.preset == "all" else [s.strip() for s in args.preset.split(",")]
@@ -137,15 +139,15 @@ def compute(args) -> dict[str, Any]:
         t0 = time.perf_counter()
         strategy = get_strategy(name)
         if strategy.auto:
-            choice = choose(
-                records,
-                world,
-                batch,
-                int(defaults.get("memory_cap")) if cap is None else cap,
-                profile,
-                base=strategy,
-                epochs=args.epochs,
-            )
+            from ..sources.store_plan import checked_choice
+
+            cargs = (records, world, batch, int(defaults.get("memory_cap")) if cap is None else cap)
+
+            def pick(why, base=strategy, cargs=cargs):
+                return choose(*cargs, profile, base=base, epochs=args.epochs, store=why)
+
+            # with a dataset, the store's exact slots are checked as the Loader does
+            choice = checked_choice(pick, True, index, cargs, args.seed, strategy.store)
             strategy = choice.strategy
         plan = make_plan(records, world, strategy, args.seed, args.epoch, batch, memory_cap=cap)
         row = plan_stats(plan, name)

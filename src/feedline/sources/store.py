@@ -164,11 +164,11 @@ class StoreSource(Source):
         self._pass_st: dict[str, float] = dict.fromkeys(_PASS_KEYS, 0)
 
     # ---------------------------------------------------------------- sizing
-    def _sizing(self, plan) -> tuple[_Rounds, np.ndarray]:
-        """The plan's rounds and the bytes of each slot (:func:`slot_sizes`)."""
+    def _sizing(self, plan, need: bool = False) -> tuple[_Rounds, np.ndarray]:
+        """The plan's rounds and each slot's bytes (:func:`slot_sizes`, its *need*)."""
         rounds = _Rounds(plan)
-        sizes = slot_sizes(self._fid, self._off, self._len, plan, self._P, rounds, self._sized)
-        return rounds, sizes
+        ix = (self._fid, self._off, self._len)
+        return rounds, slot_sizes(*ix, plan, self._P, rounds, self._sized, need=need)
 
     def _slot(self, slot: int) -> tuple[int, int]:
         """First byte and size of *slot* in this rank's part of the store."""
@@ -566,10 +566,10 @@ class StoreSource(Source):
         self._pass_st["rma_wait_s"] = 0.0
         self._drain()  # no read may still land in a window about to be replaced
         self._pending = None
-        rounds, sizes = self._sizing(plan)
+        rounds, least = self._sizing(plan, need=True)
         held = np.diff(self._slot_at)
-        if self._rma is None or len(sizes) > len(held) or (sizes > held[: len(sizes)]).any():
-            self._allocate(sizes)
+        if self._rma is None or len(least) > len(held) or (least > held[: len(least)]).any():
+            self._allocate(self._sizing(plan)[1])  # regrown: every rank at this pass
         if self._reader is None:
             self._reader = ExtentReader(
                 self.ctx.dataset.files, self.ctx.options.io_threads, plan.strategy.read

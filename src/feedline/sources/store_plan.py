@@ -18,6 +18,10 @@ from ..plan.store_cost import STORE_GAP
 #: a share of a round (R < 1) is read through its holes if it fits its slot sized
 #: this much over the dataset's own proportion of holes; else record by record (gap 0)
 _HOLE_MARGIN = 1.02
+#: a progressive store's slot holds its round's largest share for the Loader's seed and
+#: this much more: another seed's (a state loaded) needs a larger store only when the
+#: dataset's short last unit moves to a round that had none, or its shares differ more
+_SEED_MARGIN = 1.02
 
 
 class _Rounds:
@@ -194,17 +198,24 @@ def gap_of(plan) -> int:
     return int(plan.strategy.coalesce_gap) or STORE_GAP
 
 
-def slot_sizes(fid, off, ln, plan, P: int, rounds: _Rounds | None = None, cache=None) -> np.ndarray:
+def slot_sizes(
+    fid, off, ln, plan, P: int, rounds: _Rounds | None = None, cache=None, need: bool = False
+) -> np.ndarray:
     """Bytes of every slot of the store for *plan* on *P* ranks: a rank's share of a
     round, the holes its load reads through included. The same on every rank (from the
-    plan and the index only). With one round (R = 1), every share's exact bytes; with
-    several, the largest ``per`` lengths (a share read record by record; ``per`` the
-    most records a share of the slot's round holds, its units counted whole: the same
-    for every seed), grown by the dataset's proportion of holes + 2% (a share that would
-    not fit that is read record by record). Slots reused by the rounds of a pass (R < 1)
-    are all of the largest round's size; a progressive store's (one per round, kept)
-    each of its own round's.
-    *cache* (a dict) keeps what does not change between epochs."""
+    plan and the index only). With one round (R = 1), every share's exact bytes. Slots
+    reused by the rounds of a pass (R < 1, a new layout every pass) are all of the
+    largest round's size, a bound for every seed: the largest ``per`` lengths (a share
+    read record by record; ``per`` the most records a share of a round holds, its units
+    counted whole), grown by the dataset's proportion of holes + 2% (a share that would
+    not fit that is read record by record). A progressive store's (one slot per round,
+    kept) each of its own round's: its largest share for the seed (which fixes the
+    layout) + 2% (:data:`_SEED_MARGIN`), or that bound when smaller. Another seed's layout
+    (a state loaded) may need more: :meth:`~feedline.sources.store.StoreSource.start`
+    then regrows the store, whose rounds that seed reloads anyway.
+    *cache* (a dict) keeps what does not change between epochs. *need*: the least each
+    slot must hold instead (a progressive store's largest shares, without the margin;
+    else the sizes), what a store already allocated is checked against."""
     rounds = rounds if rounds is not None else _Rounds(plan)
     cache = {} if cache is None else cache
     gap = gap_of(plan)
@@ -227,7 +238,37 @@ def slot_sizes(fid, off, ln, plan, P: int, rounds: _Rounds | None = None, cache=
         whole = int(share_bytes(fid, off, ln, np.arange(len(ln), dtype=np.int64), 1, gap)[0])
         cache[hkey] = whole / max(int(ln.sum()), 1)
     grown = np.ceil(slot * cache[hkey] * _HOLE_MARGIN).astype(np.int64)
-    return np.maximum(slot, grown).astype(np.int64)
+    bound = np.maximum(slot, grown).astype(np.int64)
+    if rounds.progressive:  # never over the bound: the same as before for equal records
+        exact = _round_shares(fid, off, ln, plan, P, rounds, gap, cache)
+        grown = exact if need else np.ceil(exact * _SEED_MARGIN).astype(np.int64)
+        return np.minimum(bound, grown)
+    return bound
+
+
+def _round_shares(fid, off, ln, plan, P: int, rounds: _Rounds, gap: int, cache) -> np.ndarray:
+    """A progressive store's slots: each round's largest share, exactly (its layout is
+    fixed by the seed: :func:`~feedline.plan.assign_memory.layout_stream`)."""
+    st = rounds.stream
+    key = (
+        "rounds",
+        int(plan.seed),
+        plan.n,
+        plan.strategy.assignment,
+        int(st.g),
+        np.asarray(st.cuts).tobytes(),
+        P,
+        gap,
+    )
+    if key not in cache:
+        cache[key] = np.array(
+            [
+                int(share_bytes(fid, off, ln, rounds.ids(r), P, gap).max())
+                for r in range(rounds.count)
+            ],
+            dtype=np.int64,
+        )
+    return cache[key].copy()
 
 
 def store_bytes(index, plan, P: int) -> int:
@@ -259,6 +300,21 @@ def store_unavailable(world, explicit_source: str | None, window_knobs: dict[str
         except ConfigError:
             return "MPI runs without MPI_THREAD_MULTIPLE"
     return ""
+
+
+def checked_choice(pick, store: bool | str, index, choose_args: tuple, seed: int, asked: str):
+    """The cost model's choice (``pick(store)``, :func:`~feedline.plan.cost.choose`),
+    checked against the store's exact slots when *index* is known (:func:`store_overflow`):
+    over the cap, the model chooses again without the store (*asked* ``"auto"``), or a
+    store asked for (``"ordered"``, ``"opportunistic"``) raises :class:`ConfigError`.
+    What the Loader runs and what ``feedline plan DATASET`` shows."""
+    choice = pick(store)
+    over = store_overflow(index, choice.strategy, choose_args, seed) if index is not None else ""
+    if over and asked == "auto":  # the closed form was short: windows only
+        return pick(over)
+    if over:
+        raise ConfigError(f"store={asked!r}: {over}")
+    return choice
 
 
 def store_overflow(index, strategy, choose_args: tuple, seed: int) -> str:
