@@ -504,3 +504,66 @@ def test_plan_cli_takes_memory_cap_with_units(capsys):
     argv = ["plan", "--ranks", "4", "--nodes", "1", "--samples", "1000", "--record-bytes", "3000"]
     assert main([*argv, "--preset", "tf", "--memory-cap", "64MiB"]) == 0
     assert "tf" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def heavy_tail(tmp_path_factory):
+    """A plain LMDB of 2,000 records of about 8 KB (lognormal, sigma 0.6) and one of
+    2 MB: the shape of JPEG datasets, ImageNet's included (a few files 100x the mean)."""
+    path = str(tmp_path_factory.mktemp("fh") / "tail")
+    rng = np.random.default_rng(3)
+    lengths = np.clip(rng.lognormal(np.log(8000), 0.6, 2000), 64, None).astype(int)
+    lengths[17] = 2_000_000
+    env = lmdb.open(path, map_size=1 << 27)
+    with env.begin(write=True) as txn:
+        for i, n in enumerate(lengths):
+            txn.put(b"%06d" % i, rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    env.close()
+    return path, lengths
+
+
+def test_a_few_long_records_do_not_take_the_memory_cap(heavy_tail):
+    """Batches and windows are sized for the longest records they could hold (the sum of
+    the k longest lengths), not k times the longest one: with one 2 MB record among 8 KB
+    ones, batch 256 and a 64 MB cap, `Loader(path)` used to refuse ("memory cap 1 B per
+    node cannot hold two steps of reads"). Every record arrives once, intact."""
+    path, lengths = heavy_tail
+    cap = 64 << 20
+    with Loader(path, 256, memory_cap=cap, decode=False) as ld:
+        est = ld.memory_estimate()
+        assert est["total"] <= cap
+        sub_longest = int(np.sort(lengths)[::-1][:256].sum())
+        # read-ahead batches of the 256 longest records each (256 x 2 MB each: 2.5 GB)
+        assert sub_longest <= est["batches"] < cap < 256 * lengths.max()
+        got = {}
+        for b in ld:
+            rows = np.split(b.data, np.cumsum(b.lengths)[:-1])
+            for i, n, row in zip(b.ids, b.lengths, rows, strict=True):
+                got[int(i)] = (int(n), row.tobytes())
+    assert sorted(got) == list(range(len(lengths)))
+    env = lmdb.open(path, readonly=True, lock=False)
+    with env.begin() as txn:
+        for i in (0, 17, 1999):
+            assert got[i] == (int(lengths[i]), txn.get(b"%06d" % i))
+    env.close()
+
+
+def test_top_lengths_bounds_any_k_records():
+    """``TopLengths(k)``: the sum of the k longest lengths, exact up to TOP_EXACT records
+    and at most TOP_BIN_RATIO over beyond; never under."""
+    from feedline.plan.records import TOP_BIN_RATIO, TOP_EXACT, FlatRecords, TopLengths
+
+    rng = np.random.default_rng(0)
+    n = TOP_EXACT + 50_000
+    ln = np.clip(rng.lognormal(np.log(100_000), 0.7, n), 1, None).astype(np.int64)
+    ln[5] = 30_000_000
+    exact = np.concatenate([[0], np.cumsum(np.sort(ln)[::-1])])
+    top = TopLengths(ln)
+    for k in [0, 1, 2, 255, 256, TOP_EXACT - 1, TOP_EXACT, TOP_EXACT + 1, n - 7, n, n + 5]:
+        got, want = top(k), int(exact[min(k, n)])
+        assert got >= want
+        if k <= TOP_EXACT:
+            assert got == want
+        assert got <= want * TOP_BIN_RATIO
+    assert FlatRecords(10, 3072).top_bytes(4) == 4 * 3072
+    assert FlatRecords(10, 3072).top_bytes(40) == 10 * 3072

@@ -44,6 +44,7 @@ from .pipeline.passes import Epoch as _Epoch
 from .pipeline.runner import EpochRun, inline_run
 from .pipeline.world import LoaderWorld, resolve_world
 from .plan.cost import node_reader_options
+from .plan.records import as_records
 from .sources.base import SOURCES, RawBatch, Source, SourceContext, source_name_for
 from .units import format_bytes
 
@@ -148,6 +149,7 @@ class Loader:
         # one consumer at a time (ConcurrencyError)
         self._next_lock: threading.Lock = threading.Lock()
         self._index: Any = dataset.index
+        self._records: Any = as_records(self._index)  # what the planner sees of it
         self.n: int = len(self._index)
         self.decode: bool = dataset.decodes if decode is None else decode
         # made at the first batch: a Datum decoder reads record 0, which could fail untyped
@@ -255,7 +257,6 @@ class Loader:
         (every rank, or one reader per node into a shared window), tiles and windows, or
         the DeepIO store (``store="auto"``). Pure: every rank agrees."""
         from .plan.cost import choose, get_profile
-        from .plan.records import as_records
         from .plan.world import WorldSpec
         from .sources.store_plan import checked_choice, store_unavailable
 
@@ -271,7 +272,7 @@ class Loader:
             base = base.replace(store="ordered")
         mine = {k: v for k, v in self._knobs.items() if k in CHOSEN_KNOBS}
         store = store_unavailable(self.world, explicit_source, mine) or True
-        records, spec = as_records(self._index), WorldSpec(self.world.size, self.world.nodes)
+        records, spec = self._records, WorldSpec(self.world.size, self.world.nodes)
         args = (records, spec, self.batch_size, self._read_cap(), prof)
 
         def pick(why: bool | str):
@@ -324,7 +325,7 @@ class Loader:
         if self._state_strategy is not None and self._state_strategy[0] == epoch:
             strategy = self._state_strategy[1]
         plan = make_plan(
-            self._index,
+            self._records,
             WorldSpec(p0, m0),
             strategy,
             self.seed,
@@ -347,7 +348,7 @@ class Loader:
     def _fixed_memory(self) -> dict[str, int]:
         """Bytes per node outside the source: read-ahead batches and the index."""
         sub = -(-self.batch_size // self.world.size)
-        max_len = int(self._index.lengths.max()) if self.n else 0
+        batch = self._records.top_bytes(sub)  # a sub-batch of the longest records
         depth = int(self.strategy.prefetch_depth)
         if inline_run(SOURCES[self._source_name], depth):
             depth = 0
@@ -356,7 +357,7 @@ class Loader:
         # the read-ahead batches, the one the caller holds, and the one being assembled
         # (its parts and their concatenation): measured by tests/test_memory_sweep.py
         live = depth + 3
-        return {"batches": rpn * live * sub * max_len * decoded, "index": 20 * self.n}
+        return {"batches": rpn * live * batch * decoded, "index": 20 * self.n}
 
     def _read_cap(self) -> int:
         """What is left of the node's cap for read buffers (the planner sizes windows in it)."""

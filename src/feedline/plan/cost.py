@@ -253,6 +253,11 @@ class Shape:
     nodes: int
     batch: int
     cap: int
+    #: the most bytes of any k distinct records (``Records.top_bytes``); None: k * max_len
+    top: Any = field(default=None, compare=False, repr=False)
+
+    def top_bytes(self, k: int) -> int:
+        return int(self.top(k)) if self.top is not None else int(k) * self.max_len
 
     @property
     def file_bytes(self) -> float:
@@ -367,6 +372,7 @@ def shape_of(records, world: WorldSpec, batch_size: int, memory_cap: int) -> Sha
         nodes=world.nodes,
         batch=int(batch_size),
         cap=int(memory_cap),
+        top=getattr(records, "top_bytes", None),
     )
 
 
@@ -398,7 +404,10 @@ def unit_geometry(sh: Shape, unit: str) -> tuple[int, int, float]:
 
 def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
     """Steps per window: ``window_bytes`` of a unit's reads (0: as many as the cap allows),
-    at most what the node's cap holds twice (one window consumed while the next is read).
+    at most what the node's cap holds twice (one window consumed while the next is read)
+    were the window's records the dataset's longest (``Records.top_bytes``: the sum of
+    that many longest lengths, not that many times the longest, which a few large
+    records among small ones made hundreds of times the data).
 
     Raises ConfigError when not even one step fits.
     """
@@ -412,20 +421,26 @@ def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
         unit_samples, units_per_node, mean_unit = per_rank, -(-P // M), B / P
     cap_unit = sh.cap // (LIVE_WINDOWS * units_per_node)
     meta = PLAN_BYTES_PER_SAMPLE if unit == "node" else 0  # the node's shared plan tables
-    worst_step = unit_samples * (sh.max_len * sh.span + meta)
-    if worst_step > cap_unit:
+
+    def worst(w: int) -> float:  # w steps' records of a unit: distinct, at the longest
+        return sh.top_bytes(w * unit_samples) * sh.span + w * unit_samples * meta
+
+    if worst(1) > cap_unit:
         raise ConfigError(
             f"memory cap {format_bytes(sh.cap)} per node cannot hold two steps of reads "
-            f"({format_bytes(worst_step)} per {unit} and step at worst): raise memory_cap or "
+            f"({format_bytes(worst(1))} per {unit} and step at worst): raise memory_cap or "
             "lower the batch size"
         )
-    w_cap = int(cap_unit // max(worst_step, 1.0))
     steps = max(sh.steps, 1)
     if window_bytes > 0:
         target = math.ceil(window_bytes / max(mean_unit * sh.mean_len * sh.span, 1.0))
     else:
         target = steps
-    return int(max(1, min(w_cap, target, steps)))
+    lo, hi = 1, max(1, min(target, steps))  # the most steps that fit: worst() grows with w
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if worst(mid) <= cap_unit else (lo, mid - 1)
+    return int(lo)
 
 
 def estimate(

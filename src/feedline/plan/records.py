@@ -9,6 +9,7 @@ an index). :mod:`feedline.plan.lmdb_model` adds the LMDB page layout.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -29,6 +30,62 @@ class Records(Protocol):
     @property
     def mean_length(self) -> float: ...
 
+    def top_bytes(self, k: int) -> int: ...
+
+
+#: the longest records summed exactly up to this many (batches, steps of a window) ...
+TOP_EXACT = 1 << 16
+#: ... and beyond, bounded by a histogram of lengths in bins this much apart (log scale)
+TOP_BIN_RATIO = 1.02
+
+
+class TopLengths:
+    """The most bytes any *k* distinct records can hold: the sum of the *k* longest
+    lengths (what a batch, a window or a share is sized for: *k* times the longest
+    record is as safe and, with lengths that vary, far more: one 15 MB JPEG among 110
+    KB ones made a batch of 64 "need" 960 MB). Exact up to :data:`TOP_EXACT` records;
+    beyond, an upper bound at most :data:`TOP_BIN_RATIO` over (each record counted at the
+    top of its length's bin). O(n) to build, O(log bins) per question."""
+
+    def __init__(self, lengths) -> None:
+        self._lengths = lengths  # built at the first question
+        self.n = len(lengths)
+        self._head: np.ndarray | None = None
+
+    def _build(self) -> None:
+        ln = np.asarray(self._lengths).ravel()
+        n = self.n
+        h = min(n, TOP_EXACT)
+        head = np.sort(np.partition(ln, n - h)[n - h :] if h < n else ln)[::-1]
+        self._head = np.concatenate([[0], np.cumsum(head, dtype=np.int64)])
+        self._last = int(head[-1]) if h else 0
+        self._bins: np.ndarray | None = None
+        if h < n:  # the histogram, longest bins first: (records, bytes at the bin's top)
+            b = np.floor(np.log(np.maximum(ln, 1).astype(np.float64)) / np.log(TOP_BIN_RATIO))
+            bins, counts = np.unique(b.astype(np.int64), return_counts=True)
+            top = np.ceil(TOP_BIN_RATIO ** (bins + 1.0)).astype(np.int64)
+            order = np.argsort(bins)[::-1]
+            counts, top = counts[order].astype(np.int64), top[order]
+            self._bins = np.stack([np.cumsum(counts), np.cumsum(counts * top)])
+            self._top = top
+        self._lengths = None
+
+    def __call__(self, k: int) -> int:
+        k = max(0, min(int(k), self.n))
+        if self._head is None:
+            self._build()
+        assert self._head is not None
+        if k < len(self._head):
+            return int(self._head[k])
+        h = len(self._head) - 1
+        exact = int(self._head[h]) + (k - h) * self._last  # the rest at most the h-th longest
+        if self._bins is None:
+            return exact
+        cnt, cum = self._bins
+        i = int(np.searchsorted(cnt, k))  # the bin the k-th longest record falls in
+        before = (int(cnt[i - 1]), int(cum[i - 1])) if i else (0, 0)
+        return min(exact, before[1] + (k - before[0]) * int(self._top[i]))
+
 
 class IndexRecords:
     """Records of an :class:`~feedline.index.Index` (or of plain columns)."""
@@ -42,6 +99,7 @@ class IndexRecords:
             raise ValueError("file_ids, offsets and lengths must have equal lengths")
         self._max: int | None = None
         self._mean: float | None = None
+        self._top: TopLengths | None = None
         self.meta: dict = {}
         #: samples per compressed span when spans hold runs of that many samples
         self.span_rows = 1
@@ -49,6 +107,12 @@ class IndexRecords:
     @classmethod
     def from_index(cls, index) -> IndexRecords:
         rec = cls(index.file_ids, index.offsets, index.lengths)
+        top = getattr(index, "_top_lengths", None)  # kept with the index: one per dataset
+        if top is None or top.n != rec.n:
+            top = TopLengths(index.lengths)
+            with contextlib.suppress(AttributeError, TypeError):
+                index._top_lengths = top
+        rec._top = top
         packed = getattr(index, "packed", None)
         if packed is not None and rec.n:
             # compressed spans: every sample's extent is its whole span, read once for all
@@ -79,6 +143,12 @@ class IndexRecords:
             self._mean = float(self.lengths.mean()) if self.n else 0.0
         return self._mean
 
+    def top_bytes(self, k: int) -> int:
+        """At most the bytes of any *k* distinct records (:class:`TopLengths`)."""
+        if self._top is None:
+            self._top = TopLengths(self.lengths)
+        return self._top(k)
+
 
 class UniformRecords:
     """Base of record models whose records all have ``size`` bytes."""
@@ -92,6 +162,9 @@ class UniformRecords:
     @property
     def mean_length(self) -> float:
         return float(self.size)
+
+    def top_bytes(self, k: int) -> int:
+        return max(0, min(int(k), self.n)) * self.size  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -124,6 +197,9 @@ class CountOnly:
 
     max_length = 1
     mean_length = 1.0
+
+    def top_bytes(self, k: int) -> int:
+        return max(0, min(int(k), self.n))
 
 
 def as_records(source) -> Records:
