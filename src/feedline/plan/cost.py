@@ -253,10 +253,10 @@ class Shape:
     nodes: int
     batch: int
     cap: int
-    #: the most bytes of any k distinct records (``Records.top_bytes``); None: k * max_len
-    top: Any = field(default=None, compare=False, repr=False)
+    top: Any = field(default=None, compare=False, repr=False)  # Records.top_bytes
 
     def top_bytes(self, k: int) -> int:
+        """The most bytes of any *k* distinct records (without ``top``: k x the longest)."""
         return int(self.top(k)) if self.top is not None else int(k) * self.max_len
 
     @property
@@ -405,9 +405,7 @@ def unit_geometry(sh: Shape, unit: str) -> tuple[int, int, float]:
 def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
     """Steps per window: ``window_bytes`` of a unit's reads (0: as many as the cap allows),
     at most what the node's cap holds twice (one window consumed while the next is read)
-    were the window's records the dataset's longest (``Records.top_bytes``: the sum of
-    that many longest lengths, not that many times the longest, which a few large
-    records among small ones made hundreds of times the data).
+    were its records the dataset's longest (:meth:`Shape.top_bytes`).
 
     Raises ConfigError when not even one step fits.
     """
@@ -421,10 +419,8 @@ def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
         unit_samples, units_per_node, mean_unit = per_rank, -(-P // M), B / P
     cap_unit = sh.cap // (LIVE_WINDOWS * units_per_node)
     meta = PLAN_BYTES_PER_SAMPLE if unit == "node" else 0  # the node's shared plan tables
-
-    def worst(w: int) -> float:  # w steps' records of a unit: distinct, at the longest
-        return sh.top_bytes(w * unit_samples) * sh.span + w * unit_samples * meta
-
+    # w steps' records of a unit (distinct) at the longest
+    worst = lambda w: sh.top_bytes(w * unit_samples) * sh.span + w * unit_samples * meta  # noqa: E731
     if worst(1) > cap_unit:
         raise ConfigError(
             f"memory cap {format_bytes(sh.cap)} per node cannot hold two steps of reads "
