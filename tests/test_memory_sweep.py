@@ -91,6 +91,34 @@ def test_memory_within_cap_every_preset(lmdb_data, tmp_path, preset, ranks):
     check(probe(lmdb_data, preset, ranks, tmp_path), preset, ranks)
 
 
+@pytest.fixture(scope="module")
+def uneven_data(tmp_path_factory):
+    """2,000 records of about 8 KB (lognormal, sigma 0.6) and one of 2 MB: batches and
+    windows are sized for the sum of their count of longest records, not count x 2 MB."""
+    import lmdb
+    import numpy as np
+
+    d = str(tmp_path_factory.mktemp("memsweep") / "uneven")
+    rng = np.random.default_rng(3)
+    lengths = np.clip(rng.lognormal(np.log(8000), 0.6, 2000), 64, None).astype(int)
+    lengths[17] = 2_000_000
+    env = lmdb.open(d, map_size=1 << 27)
+    with env.begin(write=True) as txn:
+        for i, n in enumerate(lengths):
+            txn.put(b"%06d" % i, rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    env.close()
+    return d
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("preset", "ranks"),
+    [("feedline", 1), ("feedline", 4), ("async-db", 1), ("deepio-ordered", 1), ("tf-pre", 4)],
+)
+def test_memory_within_cap_with_a_few_long_records(uneven_data, tmp_path, preset, ranks):
+    check(probe(uneven_data, preset, ranks, tmp_path), preset, ranks)
+
+
 def test_group_span_is_the_widest_group_read():
     """group_span equals the largest buffer coalesce(gap=whole) asks for over all groups,
     with holes, several files and groups that straddle a file boundary."""

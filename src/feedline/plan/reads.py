@@ -140,6 +140,10 @@ def _unit_shape(plan: Plan) -> tuple[int, int, int, float]:
     return per_rank, ranks_per_node, 1, B / P
 
 
+#: the LMDBIO presets' orders: their sources keep a slot of the longest record per sample
+SLOTTED = ("strided", "contiguous", "skip")
+
+
 def window_cap(plan: Plan) -> int:
     """Bytes one unit may hold for one window: the node cap over live windows and units."""
     _, units_per_node, _, _ = _unit_shape(plan)
@@ -156,15 +160,24 @@ def window_steps(plan: Plan) -> int:
     unit_samples, _, k, mean_unit = _unit_shape(plan)
     cap = window_cap(plan)
     meta = PLAN_BYTES_PER_SAMPLE if s.aggregated else 0
-    worst_step = unit_samples * (plan.records.max_length + meta)
+    rec = plan.records
+    # the window's records at the longest: their sum (Records.top_bytes), or a slot of the
+    # longest record per sample (the LMDBIO presets' sources)
+    slotted = s.assignment in SLOTTED
+    top = (lambda n: n * int(rec.max_length)) if slotted else rec.top_bytes
+    worst_step = top(unit_samples) + unit_samples * meta
     if worst_step > cap:
         raise ConfigError(
             f"memory cap {format_bytes(plan.memory_cap)} per node cannot hold two steps of reads "
             f"({format_bytes(worst_step)} per {'node' if s.aggregated else 'rank'} and step at worst): "
             "raise memory_cap or lower the batch size"
         )
-    w_cap = cap // max(worst_step, 1)
     steps_max = max(plan.num_steps, 1)
+    w_cap, hi = 1, steps_max  # the most steps whose worst case fits
+    while w_cap < hi:
+        mid = (w_cap + hi + 1) // 2
+        fits = top(mid * unit_samples) + mid * unit_samples * meta <= cap
+        w_cap, hi = (mid, hi) if fits else (w_cap, mid - 1)
     if s.assignment == "chunk":
         from .rl import chunk_size
 
