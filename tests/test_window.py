@@ -374,3 +374,43 @@ def test_span_ratio_counts_each_files_first_to_last_byte():
     assert span_ratio(IndexRecords(fid, off1, ln)) == pytest.approx(250 / 150)
     one = IndexRecords(np.zeros(3, np.int64), np.array([5, 40, 20]), np.array([10, 10, 10]))
     assert span_ratio(one) == pytest.approx(45 / 30)
+
+
+def test_a_few_huge_records_do_not_shrink_the_windows():
+    """JPEG-like lengths (lognormal around 100 KB, a few files of 5-14 MB): the chooser
+    sizes windows for the sum of their longest records, not their count times the
+    largest file (which left 2-step windows and one request per 0.9 MiB at 64 ranks).
+    Every window of the plan it makes holds at most what it was sized for."""
+    from feedline.plan.reads import window_cap, windows
+    from feedline.plan.records import IndexRecords
+
+    rng = np.random.default_rng(0)
+    n = 200_000
+    ln = np.clip(rng.lognormal(np.log(100_000), 0.6, n), 2000, None).astype(np.int64)
+    ln[rng.choice(n, 8, replace=False)] = rng.integers(5_000_000, 15_000_000, 8)
+    off = np.concatenate([[0], np.cumsum(ln + 64)[:-1]])
+    rec = IndexRecords(np.zeros(n, np.int64), off, ln)
+    world, cap = WorldSpec(64, 8), int(2.5e9)
+    c = choose(rec, world, 256, cap, get_profile("parallel"), store="x")
+    assert c.best.window_steps >= 16 and c.best.mean_read >= 4 * 2**20, c.explain()
+    # counted as that many times the largest file: 2-step windows, a 10th of the reads
+    slot = IndexRecords(np.zeros(n, np.int64), off, ln)
+    slot.top_bytes = lambda k: int(k) * int(ln.max())  # type: ignore[method-assign]
+    old = choose(slot, world, 256, cap, get_profile("parallel"), store="x")
+    assert old.best.window_steps <= 4 and old.best.requests > 8 * c.best.requests
+    plan = make_plan(rec, world, c.strategy, 0, 0, 256, memory_cap=cap)
+    node = c.strategy.aggregated
+    unit = 256 // 64 * (8 if node else 1)  # a unit's samples per step
+    assert rec.top_bytes(plan_steps(plan) * unit) <= window_cap(plan)
+    for r in windows(plan)[:20]:  # what each unit's window holds: within that bound
+        for u in range(8 if node else 64):
+            get = plan.node_samples if node else plan.samples
+            ids = np.concatenate([get(u, step) for step in r])
+            assert len(ids) == len(set(ids.tolist())) <= len(r) * unit
+            assert ln[ids].sum() <= rec.top_bytes(len(r) * unit)
+
+
+def plan_steps(plan):
+    from feedline.plan.reads import window_steps
+
+    return window_steps(plan)
