@@ -550,20 +550,33 @@ def test_a_few_long_records_do_not_take_the_memory_cap(heavy_tail):
 
 def test_top_lengths_bounds_any_k_records():
     """``TopLengths(k)``: the sum of the k longest lengths, exact up to TOP_EXACT records
-    and at most TOP_BIN_RATIO over beyond; never under."""
-    from feedline.plan.records import TOP_BIN_RATIO, TOP_EXACT, FlatRecords, TopLengths
+    and at most TOP_BIN_RATIO over beyond; never under. Past n (a circular step repeats
+    records) each record once per whole n, then the longest. Threads may ask at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from feedline.plan.records import TOP_BIN_RATIO, TOP_EXACT, FlatRecords, TopLengths, top_bytes
 
     rng = np.random.default_rng(0)
     n = TOP_EXACT + 50_000
     ln = np.clip(rng.lognormal(np.log(100_000), 0.7, n), 1, None).astype(np.int64)
     ln[5] = 30_000_000
+    ln[6:9] = [0, 1, 2]  # empty and tiny records
     exact = np.concatenate([[0], np.cumsum(np.sort(ln)[::-1])])
     top = TopLengths(ln)
-    for k in [0, 1, 2, 255, 256, TOP_EXACT - 1, TOP_EXACT, TOP_EXACT + 1, n - 7, n, n + 5]:
-        got, want = top(k), int(exact[min(k, n)])
-        assert got >= want
+    with ThreadPoolExecutor(8) as pool:  # the first questions build it, from 8 threads
+        assert len(set(pool.map(top, [TOP_EXACT + 10] * 8))) == 1
+    for k in [0, 1, 2, 255, 256, TOP_EXACT - 1, TOP_EXACT, TOP_EXACT + 1, n - 7, n]:
+        got, want = top(k), int(exact[k])
+        assert want <= got <= want * TOP_BIN_RATIO
         if k <= TOP_EXACT:
             assert got == want
-        assert got <= want * TOP_BIN_RATIO
-    assert FlatRecords(10, 3072).top_bytes(4) == 4 * 3072
-    assert FlatRecords(10, 3072).top_bytes(40) == 10 * 3072
+    assert top(2 * n + 3) == 2 * int(exact[n]) + int(exact[3])
+    # a circular last step of 8 over 5 records repeats 3 of them: the long one may be one
+    small = TopLengths(np.array([100, 1, 1, 1, 1]))
+    assert small(8) == 104 + 102 >= 107  # step [2 1 3 0 4 2 1 3] of the tf preset: 107 B
+    assert FlatRecords(10, 3072).top_bytes(40) == 40 * 3072
+
+    class Plain:  # Records of a user's own, without top_bytes: k times the longest
+        n, max_length, mean_length = 3, 7, 5.0
+
+    assert top_bytes(Plain(), 4) == 28

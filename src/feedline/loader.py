@@ -44,7 +44,7 @@ from .pipeline.passes import Epoch as _Epoch
 from .pipeline.runner import EpochRun, inline_run
 from .pipeline.world import LoaderWorld, resolve_world
 from .plan.cost import node_reader_options
-from .plan.records import as_records
+from .plan.records import as_records, top_bytes
 from .sources.base import SOURCES, RawBatch, Source, SourceContext, source_name_for
 from .units import format_bytes
 
@@ -348,7 +348,7 @@ class Loader:
     def _fixed_memory(self) -> dict[str, int]:
         """Bytes per node outside the source: read-ahead batches and the index."""
         sub = -(-self.batch_size // self.world.size)
-        batch = self._records.top_bytes(sub)  # a sub-batch of the longest records
+        batch = top_bytes(self._records, sub)  # a sub-batch of the longest records
         depth = int(self.strategy.prefetch_depth)
         if inline_run(SOURCES[self._source_name], depth):
             depth = 0

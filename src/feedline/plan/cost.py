@@ -253,10 +253,10 @@ class Shape:
     nodes: int
     batch: int
     cap: int
-    top: Any = field(default=None, compare=False, repr=False)  # Records.top_bytes
+    top: Any = field(default=None, compare=False, repr=False)  # records.top_bytes
 
     def top_bytes(self, k: int) -> int:
-        """The most bytes of any *k* distinct records (without ``top``: k x the longest)."""
+        """The most bytes of *k* records (without ``top``: k x the longest)."""
         return int(self.top(k)) if self.top is not None else int(k) * self.max_len
 
     @property

@@ -144,6 +144,19 @@ def _unit_shape(plan: Plan) -> tuple[int, int, int, float]:
 SLOTTED = ("strided", "contiguous", "skip")
 
 
+def window_top(plan: Plan):
+    """``top(k)``: the most bytes *k* samples of a window take: the sum of the *k*
+    longest records (:func:`~feedline.plan.records.top_bytes`), or *k* slots of the
+    longest record for the LMDBIO presets' orders (:data:`SLOTTED`: their sources lay
+    samples out that way)."""
+    from .records import top_bytes
+
+    rec = plan.records
+    if plan.strategy.assignment in SLOTTED:
+        return lambda k: int(k) * int(rec.max_length)
+    return lambda k: top_bytes(rec, k)
+
+
 def window_cap(plan: Plan) -> int:
     """Bytes one unit may hold for one window: the node cap over live windows and units."""
     _, units_per_node, _, _ = _unit_shape(plan)
@@ -160,11 +173,7 @@ def window_steps(plan: Plan) -> int:
     unit_samples, _, k, mean_unit = _unit_shape(plan)
     cap = window_cap(plan)
     meta = PLAN_BYTES_PER_SAMPLE if s.aggregated else 0
-    rec = plan.records
-    # the window's records at the longest: their sum (Records.top_bytes), or a slot of the
-    # longest record per sample (the LMDBIO presets' sources)
-    slotted = s.assignment in SLOTTED
-    top = (lambda n: n * int(rec.max_length)) if slotted else rec.top_bytes
+    top = window_top(plan)
     worst_step = top(unit_samples) + unit_samples * meta
     if worst_step > cap:
         raise ConfigError(

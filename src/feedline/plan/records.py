@@ -10,6 +10,7 @@ an index). :mod:`feedline.plan.lmdb_model` adds the LMDB page layout.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -30,7 +31,13 @@ class Records(Protocol):
     @property
     def mean_length(self) -> float: ...
 
-    def top_bytes(self, k: int) -> int: ...
+
+def top_bytes(records, k: int) -> int:
+    """The most bytes *k* records of *records* can hold (a batch, a window, a share:
+    ``records.top_bytes(k)``, the sum of the longest; *k* times the longest record for
+    Records that do not say)."""
+    top = getattr(records, "top_bytes", None)
+    return int(top(k)) if top is not None else int(k) * int(records.max_length)
 
 
 #: the longest records summed exactly up to this many (batches, steps of a window) ...
@@ -40,51 +47,62 @@ TOP_BIN_RATIO = 1.02
 
 
 class TopLengths:
-    """The most bytes any *k* distinct records can hold: the sum of the *k* longest
-    lengths (what a batch, a window or a share is sized for: *k* times the longest
-    record is as safe and, with lengths that vary, far more: one 15 MB JPEG among 110
-    KB ones made a batch of 64 "need" 960 MB). Exact up to :data:`TOP_EXACT` records;
-    beyond, an upper bound at most :data:`TOP_BIN_RATIO` over (each record counted at the
-    top of its length's bin). O(n) to build, O(log bins) per question."""
+    """The most bytes *k* records can hold: the sum of the *k* longest lengths (what a
+    batch, a window or a share is sized for: *k* times the longest record is as safe
+    and, with lengths that vary, far more: one 15 MB JPEG among 110 KB ones made a
+    batch of 64 "need" 960 MB). Exact up to :data:`TOP_EXACT` records; beyond, an upper
+    bound at most :data:`TOP_BIN_RATIO` over (each record counted at the longest of its
+    length's bin). Past *n* (a circular last step repeats records): each record once
+    per whole *n*, then the longest. O(n) to build, O(log bins) per question; safe to
+    share between threads."""
 
     def __init__(self, lengths) -> None:
         self._lengths = lengths  # built at the first question
         self.n = len(lengths)
-        self._head: np.ndarray | None = None
+        self._built: tuple | None = None
+        self._lock = threading.Lock()
 
-    def _build(self) -> None:
+    def _build(self) -> tuple:
         ln = np.asarray(self._lengths).ravel()
         n = self.n
         h = min(n, TOP_EXACT)
         head = np.sort(np.partition(ln, n - h)[n - h :] if h < n else ln)[::-1]
-        self._head = np.concatenate([[0], np.cumsum(head, dtype=np.int64)])
-        self._last = int(head[-1]) if h else 0
-        self._bins: np.ndarray | None = None
-        if h < n:  # the histogram, longest bins first: (records, bytes at the bin's top)
+        cum = np.concatenate([[0], np.cumsum(head, dtype=np.int64)])
+        last = int(head[-1]) if h else 0
+        bins = None
+        if h < n:  # the histogram, longest bins first: (records, bytes at each bin's longest)
             b = np.floor(np.log(np.maximum(ln, 1).astype(np.float64)) / np.log(TOP_BIN_RATIO))
-            bins, counts = np.unique(b.astype(np.int64), return_counts=True)
-            top = np.ceil(TOP_BIN_RATIO ** (bins + 1.0)).astype(np.int64)
-            order = np.argsort(bins)[::-1]
-            counts, top = counts[order].astype(np.int64), top[order]
-            self._bins = np.stack([np.cumsum(counts), np.cumsum(counts * top)])
-            self._top = top
-        self._lengths = None
+            keys, where, counts = np.unique(
+                b.astype(np.int64), return_inverse=True, return_counts=True
+            )
+            longest = np.zeros(len(keys), dtype=np.int64)
+            np.maximum.at(longest, where, ln.astype(np.int64))
+            order = np.argsort(keys)[::-1]
+            counts, longest = counts[order].astype(np.int64), longest[order]
+            bins = (np.cumsum(counts), np.cumsum(counts * longest), longest)
+        return cum, last, bins, int(cum[-1]) if n == h else int(ln.sum(dtype=np.int64))
 
     def __call__(self, k: int) -> int:
-        k = max(0, min(int(k), self.n))
-        if self._head is None:
-            self._build()
-        assert self._head is not None
-        if k < len(self._head):
-            return int(self._head[k])
-        h = len(self._head) - 1
-        exact = int(self._head[h]) + (k - h) * self._last  # the rest at most the h-th longest
-        if self._bins is None:
-            return exact
-        cnt, cum = self._bins
-        i = int(np.searchsorted(cnt, k))  # the bin the k-th longest record falls in
-        before = (int(cnt[i - 1]), int(cum[i - 1])) if i else (0, 0)
-        return min(exact, before[1] + (k - before[0]) * int(self._top[i]))
+        k = max(0, int(k))
+        built = self._built
+        if built is None:
+            with self._lock:
+                if self._built is None:
+                    self._built = self._build()
+                    self._lengths = None
+                built = self._built
+        cum, last, bins, total = built
+        whole, k = divmod(k, self.n) if self.n else (0, 0)
+        if k < len(cum):
+            return whole * total + int(cum[k])
+        h = len(cum) - 1
+        exact = int(cum[h]) + (k - h) * last  # the rest at most the h-th longest
+        if bins is not None:
+            cnt, acc, longest = bins
+            i = int(np.searchsorted(cnt, k))  # the bin the k-th longest record falls in
+            before = (int(cnt[i - 1]), int(acc[i - 1])) if i else (0, 0)
+            exact = min(exact, before[1] + (k - before[0]) * int(longest[i]))
+        return whole * total + exact
 
 
 class IndexRecords:
@@ -164,7 +182,7 @@ class UniformRecords:
         return float(self.size)
 
     def top_bytes(self, k: int) -> int:
-        return max(0, min(int(k), self.n)) * self.size  # type: ignore[attr-defined]
+        return max(0, int(k)) * self.size
 
 
 @dataclass(frozen=True)
@@ -199,7 +217,7 @@ class CountOnly:
     mean_length = 1.0
 
     def top_bytes(self, k: int) -> int:
-        return max(0, min(int(k), self.n))
+        return max(0, int(k))
 
 
 def as_records(source) -> Records:

@@ -267,12 +267,12 @@ class DirectSource(Source):
         self._ops = iter(())
 
     def memory_bytes(self, plan) -> int:
-        from ..plan.reads import align_slack, window_cap, window_steps
+        from ..plan.reads import align_slack, window_cap, window_steps, window_top
 
         w = window_steps(plan)
         ahead = 1 if (w > 1 and plan.strategy.prefetch_depth >= 2) else 0
         sub = -(-plan.batch_size // plan.world.size)
-        payload = plan.records.top_bytes(w * sub)  # the window's records at the longest
+        payload = window_top(plan)(w * sub)  # the window's records at the longest
         # a window reads through holes only while it fits its share of the cap
         per_window = max(payload, min(window_cap(plan), 2 * payload)) if w > 1 else payload
         if plan.strategy.read == "odirect":  # windows widened to whole blocks

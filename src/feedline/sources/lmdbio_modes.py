@@ -484,10 +484,11 @@ class Prov(_Mode):
 
     @classmethod
     def memory(cls, plan, unit: int) -> int:
-        """The two halves of the largest window."""
-        from ..plan.reads import window_steps
+        """The two halves of the largest window (its samples at the longest, as
+        :func:`~feedline.plan.reads.window_steps` counts them)."""
+        from ..plan.reads import window_steps, window_top
 
-        return 2 * window_steps(plan) * unit * int(plan.records.max_length)
+        return 2 * window_top(plan)(window_steps(plan) * unit)
 
 
 #: mode name -> class

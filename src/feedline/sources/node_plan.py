@@ -53,15 +53,16 @@ def _window_bytes(plan, rpn: int, readers: int) -> tuple[int, int]:
 
     A table holds the plan of one window (``_pack_ops``: 5 words per sample, 3 per
     extent, at most one extent per sample). A half holds a window's payload at worst
-    (its samples the dataset's longest records: ``Records.top_bytes``) and, within the node's share of the memory cap,
-    half as much again for holes read through (LMDB page headers, gaps merged across);
-    ``window_ops`` merges exact neighbours only when holes would not fit.
+    (its samples the dataset's longest records: :func:`~feedline.plan.reads.window_top`)
+    and, within the node's share of the memory cap, half as much again for holes read
+    through (LMDB page headers, gaps merged across); ``window_ops`` merges exact
+    neighbours only when holes would not fit.
     """
-    from ..plan.reads import PLAN_BYTES_PER_SAMPLE, window_cap, window_steps
+    from ..plan.reads import PLAN_BYTES_PER_SAMPLE, window_cap, window_steps, window_top
 
     unit = -(-plan.batch_size // plan.world.size) * rpn  # a node's samples per step, at most
     samples = window_steps(plan) * unit
-    payload = plan.records.top_bytes(samples)
+    payload = window_top(plan)(samples)
     tab = 8 * (3 + _OP_HEAD * readers) + PLAN_BYTES_PER_SAMPLE * samples
     half = max(payload, min(window_cap(plan) - tab, payload * 3 // 2), 1)
     if plan.strategy.read == "odirect":  # both halves start on a block: reads land in place
