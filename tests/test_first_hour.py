@@ -510,16 +510,10 @@ def test_plan_cli_takes_memory_cap_with_units(capsys):
 def heavy_tail(tmp_path_factory):
     """A plain LMDB of 2,000 records of about 8 KB (lognormal, sigma 0.6) and one of
     2 MB: the shape of JPEG datasets, ImageNet's included (a few files 100x the mean)."""
+    from uneven import write_uneven_lmdb
+
     path = str(tmp_path_factory.mktemp("fh") / "tail")
-    rng = np.random.default_rng(3)
-    lengths = np.clip(rng.lognormal(np.log(8000), 0.6, 2000), 64, None).astype(int)
-    lengths[17] = 2_000_000
-    env = lmdb.open(path, map_size=1 << 27)
-    with env.begin(write=True) as txn:
-        for i, n in enumerate(lengths):
-            txn.put(b"%06d" % i, rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-    env.close()
-    return path, lengths
+    return path, write_uneven_lmdb(path, 2000, 8000, 0.6, seed=3, long={17: 2_000_000})
 
 
 def test_a_few_long_records_do_not_take_the_memory_cap(heavy_tail):
@@ -544,7 +538,7 @@ def test_a_few_long_records_do_not_take_the_memory_cap(heavy_tail):
     env = lmdb.open(path, readonly=True, lock=False)
     with env.begin() as txn:
         for i in (0, 17, 1999):
-            assert got[i] == (int(lengths[i]), txn.get(b"%06d" % i))
+            assert got[i] == (int(lengths[i]), txn.get(b"%08d" % i))
     env.close()
 
 

@@ -95,18 +95,10 @@ def test_memory_within_cap_every_preset(lmdb_data, tmp_path, preset, ranks):
 def uneven_data(tmp_path_factory):
     """2,000 records of about 8 KB (lognormal, sigma 0.6) and one of 2 MB: batches and
     windows are sized for the sum of their count of longest records, not count x 2 MB."""
-    import lmdb
-    import numpy as np
+    from uneven import write_uneven_lmdb
 
     d = str(tmp_path_factory.mktemp("memsweep") / "uneven")
-    rng = np.random.default_rng(3)
-    lengths = np.clip(rng.lognormal(np.log(8000), 0.6, 2000), 64, None).astype(int)
-    lengths[17] = 2_000_000
-    env = lmdb.open(d, map_size=1 << 27)
-    with env.begin(write=True) as txn:
-        for i, n in enumerate(lengths):
-            txn.put(b"%06d" % i, rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-    env.close()
+    write_uneven_lmdb(d, 2000, 8000, 0.6, seed=3, long={17: 2_000_000})
     return d
 
 

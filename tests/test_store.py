@@ -76,18 +76,11 @@ def test_store_delivers_the_plan_and_keeps_r1_in_memory(cifar, preset, R):
 
 @pytest.fixture(scope="module")
 def uneven(tmp_path_factory):
-    """A plain LMDB (liblmdb through the lmdb package) of 4,000 records whose lengths
-    are lognormal (sigma 0.5 around 3 KB: as spread as JPEG files)."""
-    import lmdb
+    """4,000 records with lognormal lengths (sigma 0.5 around 3 KB: as spread as JPEGs)."""
+    from uneven import write_uneven_lmdb
 
     path = str(tmp_path_factory.mktemp("st") / "uneven")
-    rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(np.log(3000), 0.5, 4000), 16, None).astype(int)
-    env = lmdb.open(path, map_size=1 << 28)
-    with env.begin(write=True) as txn:
-        for i, n in enumerate(lengths):
-            txn.put(b"%08d" % i, rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-    env.close()
+    write_uneven_lmdb(path, 4000, 3000, 0.5, seed=0)
     return path
 
 
