@@ -242,6 +242,16 @@ def test_store_under_mpiexec(cifar, n, nodes):
     assert out.count("STORE-OK") == n, out
 
 
+@pytest.mark.parametrize(("n", "nodes"), [(2, 0), (4, 2)])
+def test_progressive_store_regrows_the_same_on_every_rank(variable, n, nodes):
+    """Switching seeds under mpiexec: a progressive store of uneven records (its slots
+    sized for one seed's rounds) regrows at the same pass on every rank when another
+    seed's rounds need more, and still delivers what reading for itself does."""
+    out = _mpi(n, variable, "seeds", nodes=nodes)
+    assert out.count("STORE-SEEDS-OK") == n, out
+    assert all(int(line.split()[3]) >= 2 for line in out.splitlines() if "SEEDS-OK" in line)
+
+
 @pytest.fixture(scope="module")
 def variable(tmp_path_factory):
     # JPEG-encoded Datums: every record has its own length

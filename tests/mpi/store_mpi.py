@@ -4,7 +4,7 @@ presets) delivers what every rank reading for itself delivers, keeps R = 1 in me
 across epochs, survives ranks leaving a pass early, resumes, and shares load errors.
 
     store_mpi.py DATASET_DIR MODE
-    MODE: check | exact | auto STATE | auto-resume STATE | error | slow-peers | late-close |
+    MODE: check | seeds | exact | auto STATE | auto-resume STATE | error | slow-peers | late-close |
           out-of-step | interrupted
 Prints STORE-OK / STORE-<MODE>-OK once per rank.
 """
@@ -102,6 +102,29 @@ if mode == "check":
             again.load_state_dict(state)
             assert batches(again) == rest, f"{preset}: resume differs"
     print(f"STORE-OK rank {rank}", flush=True)
+elif mode == "seeds":
+    # a progressive store switching seeds (states of other Loaders): slots sized for one
+    # seed's rounds regrow, on every rank at the same pass, when another's need more;
+    # the bytes stay those reading for itself delivers
+    kw = {"load_rounds": 4, "chunk": 16, "decode": False}
+    with (
+        Loader(ds, B, preset="deepio-ordered", seed=5, **kw) as st,
+        Loader(ds, B, preset="deepio-ordered", source="direct", seed=5, **kw) as ref,
+    ):
+        assert batches(st) == batches(ref)
+        sizes = {tuple(np.diff(st._source._slot_at).tolist())}
+        for seed in (6, 7, 5):
+            with Loader(ds, B, preset="deepio-ordered", seed=seed, **kw) as other:
+                state = other.state_dict()
+            st.load_state_dict(state, strict=False)
+            ref.load_state_dict(state, strict=False)
+            got = batches(st)
+            assert got == batches(ref), f"seed {seed}: store != direct"
+            once(got)
+            sizes.add(tuple(np.diff(st._source._slot_at).tolist()))
+        held = comm.allgather(sorted(sizes))
+        assert all(h == held[0] for h in held), "ranks sized the store differently"
+    print(f"STORE-SEEDS-OK rank {rank} {len(sizes)} sizings", flush=True)
 elif mode == "exact":
     # both modes, R = 1 and R < 1: the store delivers its plan (what reading for itself
     # delivers), every sample exactly once per epoch, and a resume mid-epoch is bit-exact;
