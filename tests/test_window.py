@@ -381,7 +381,7 @@ def test_a_few_huge_records_do_not_shrink_the_windows():
     sizes windows for the sum of their longest records, not their count times the
     largest file (which left 2-step windows and one request per 0.9 MiB at 64 ranks).
     Every window of the plan it makes holds at most what it was sized for."""
-    from feedline.plan.reads import window_cap, windows
+    from feedline.plan.reads import window_cap, window_steps, windows
     from feedline.plan.records import IndexRecords
 
     rng = np.random.default_rng(0)
@@ -401,16 +401,10 @@ def test_a_few_huge_records_do_not_shrink_the_windows():
     plan = make_plan(rec, world, c.strategy, 0, 0, 256, memory_cap=cap)
     node = c.strategy.aggregated
     unit = 256 // 64 * (8 if node else 1)  # a unit's samples per step
-    assert rec.top_bytes(plan_steps(plan) * unit) <= window_cap(plan)
+    assert rec.top_bytes(window_steps(plan) * unit) <= window_cap(plan)
     for r in windows(plan)[:20]:  # what each unit's window holds: within that bound
         for u in range(8 if node else 64):
             get = plan.node_samples if node else plan.samples
             ids = np.concatenate([get(u, step) for step in r])
             assert len(ids) == len(set(ids.tolist())) <= len(r) * unit
             assert ln[ids].sum() <= rec.top_bytes(len(r) * unit)
-
-
-def plan_steps(plan):
-    from feedline.plan.reads import window_steps
-
-    return window_steps(plan)

@@ -130,6 +130,7 @@ def compute(args) -> dict[str, Any]:
     names = list(PRESETS) if args.preset == "all" else [s.strip() for s in args.preset.split(",")]
     cap = None if args.memory_cap is None else int(args.memory_cap)
     from .. import defaults
+    from ..sources.store_plan import checked_choice
     from .cost import choose, get_profile
 
     profile = get_profile(getattr(args, "profile", None), args.path)
@@ -139,8 +140,6 @@ def compute(args) -> dict[str, Any]:
         t0 = time.perf_counter()
         strategy = get_strategy(name)
         if strategy.auto:
-            from ..sources.store_plan import checked_choice
-
             cargs = (records, world, batch, int(defaults.get("memory_cap")) if cap is None else cap)
 
             def pick(why, base=strategy, cargs=cargs):

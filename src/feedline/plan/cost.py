@@ -24,12 +24,13 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from ..errors import ConfigError
 from ..units import format_bytes
 from .assign_window import weighted_window_steps, window_sizes
+from .records import top_bytes
 from .strategy import Strategy
 from .world import WorldSpec
 
@@ -253,7 +254,7 @@ class Shape:
     nodes: int
     batch: int
     cap: int
-    top: Any = field(default=None, compare=False, repr=False)  # records.top_bytes
+    top: Any = field(default=None, compare=False, repr=False)  # records.top_bytes(records, .)
 
     def top_bytes(self, k: int) -> int:
         """The most bytes of *k* records (without ``top``: k x the longest)."""
@@ -372,7 +373,7 @@ def shape_of(records, world: WorldSpec, batch_size: int, memory_cap: int) -> Sha
         nodes=world.nodes,
         batch=int(batch_size),
         cap=int(memory_cap),
-        top=getattr(records, "top_bytes", None),
+        top=partial(top_bytes, records),
     )
 
 
@@ -409,7 +410,7 @@ def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
 
     Raises ConfigError when not even one step fits.
     """
-    from .reads import LIVE_WINDOWS, PLAN_BYTES_PER_SAMPLE
+    from .reads import LIVE_WINDOWS, PLAN_BYTES_PER_SAMPLE, most_that_fit
 
     P, M, B = sh.ranks, sh.nodes, sh.batch
     per_rank = -(-B // P)
@@ -432,11 +433,7 @@ def window_steps_for(sh: Shape, unit: str, window_bytes: int) -> int:
         target = math.ceil(window_bytes / max(mean_unit * sh.mean_len * sh.span, 1.0))
     else:
         target = steps
-    lo, hi = 1, max(1, min(target, steps))  # the most steps that fit: worst() grows with w
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if worst(mid) <= cap_unit else (lo, mid - 1)
-    return int(lo)
+    return most_that_fit(lambda w: worst(w) <= cap_unit, max(1, min(target, steps)))
 
 
 def estimate(

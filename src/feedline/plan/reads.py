@@ -144,6 +144,16 @@ def _unit_shape(plan: Plan) -> tuple[int, int, int, float]:
 SLOTTED = ("strided", "contiguous", "skip")
 
 
+def most_that_fit(fits, hi: int) -> int:
+    """The largest w in ``[1, hi]`` with ``fits(w)`` (1 if none): *fits* holds up to
+    some w and not beyond (a window's worst case grows with its steps)."""
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
 def window_top(plan: Plan):
     """``top(k)``: the most bytes *k* samples of a window take: the sum of the *k*
     longest records (:func:`~feedline.plan.records.top_bytes`), or *k* slots of the
@@ -182,11 +192,9 @@ def window_steps(plan: Plan) -> int:
             "raise memory_cap or lower the batch size"
         )
     steps_max = max(plan.num_steps, 1)
-    w_cap, hi = 1, steps_max  # the most steps whose worst case fits
-    while w_cap < hi:
-        mid = (w_cap + hi + 1) // 2
-        fits = top(mid * unit_samples) + mid * unit_samples * meta <= cap
-        w_cap, hi = (mid, hi) if fits else (w_cap, mid - 1)
+    w_cap = most_that_fit(
+        lambda w: top(w * unit_samples) + w * unit_samples * meta <= cap, steps_max
+    )
     if s.assignment == "chunk":
         from .rl import chunk_size
 

@@ -78,6 +78,7 @@ from .store_plan import (  # noqa: F401 - re-exported: the store's layout lives 
     gap_of,
     place_shares,
     share_bytes,
+    slot_cache,
     slot_sizes,
     store_bytes,
 )
@@ -145,18 +146,9 @@ class StoreSource(Source):
         self._kept = False  # a window was kept (not freed) at a vote: keep the comm too
         self._step = 0
         self._done_pass = True
-        self._st: dict[str, float] = {
-            "rma_gets": 0,
-            "shm_gets": 0,
-            "rma_wait_s": 0.0,
-            "rma_bytes": 0,
-            "node_bytes": 0,
-            "local_bytes": 0,
-            "rounds_loaded": 0,
-            "store_bytes": 0,
-            "shares_uncoalesced": 0,
-        }
-        self._sized: dict[tuple, Any] = {}  # slot sizes, by plan shape and gap
+        self._st: dict[str, float] = dict.fromkeys(_PASS_KEYS, 0) | {"rma_wait_s": 0.0}
+        self._st |= {"rounds_loaded": 0, "store_bytes": 0, "shares_uncoalesced": 0}
+        self._sized = slot_cache(index)  # slot sizes, by plan shape and gap
         self._gap = STORE_GAP
         self._pause = defaults.get("poll_sleep_us") * 1e-6
         self._watch: Any = None  # PeerWatch of the store's communicator

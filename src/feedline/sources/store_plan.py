@@ -6,6 +6,7 @@ DeepIO store"); and whether the store can be the ``feedline`` preset's choice he
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -271,12 +272,24 @@ def _round_shares(fid, off, ln, plan, P: int, rounds: _Rounds, gap: int, cache) 
     return cache[key].copy()
 
 
+def slot_cache(index) -> dict:
+    """:func:`slot_sizes`' cache, kept with *index* (its keys name every other input):
+    the Loader's check of the store's slots against the cap and the store itself then
+    work each layout's shares out once."""
+    cache = getattr(index, "_slot_cache", None)
+    if cache is None:
+        cache = {}
+        with contextlib.suppress(AttributeError, TypeError):
+            index._slot_cache = cache
+    return cache
+
+
 def store_bytes(index, plan, P: int) -> int:
     """Bytes a rank of the store holds for *plan* on *P* ranks (its slots)."""
     fid, off, ln = (
         np.asarray(a, dtype=np.int64) for a in (index.file_ids, index.offsets, index.lengths)
     )
-    return int(slot_sizes(fid, off, ln, plan, P, _Rounds(plan)).sum())
+    return int(slot_sizes(fid, off, ln, plan, P, _Rounds(plan), slot_cache(index)).sum())
 
 
 # ------------------------------------------------- the store as the feedline preset's choice
