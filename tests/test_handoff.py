@@ -160,3 +160,47 @@ def test_bell_never_loses_a_ring():
         assert time.perf_counter() - t0 < 60
     t.join()
     assert done.is_set() and seen == n and timeouts == 0
+
+
+def test_the_producer_listens_for_peer_failures_off_the_consumers_path():
+    """The failure alarm's test runs on the producer thread, once per step; the
+    consumer's next() of a ready batch does not make it."""
+    callers: list[str] = []
+    run = EpochRun(
+        _Ready(),
+        0,
+        40,
+        lambda raw, s: s,
+        depth=2,
+        listen=lambda: callers.append(threading.current_thread().name),
+    )
+    assert list(run) == list(range(40))
+    assert len(callers) == 40
+    assert threading.current_thread().name not in callers
+
+
+def test_the_consumers_alarm_poll_leaves_the_test_to_a_listener(monkeypatch):
+    """Alarm.poll with a grace period does not test while a listener keeps testing, and
+    tests again once the listener fell behind by the grace (a read stuck in storage)."""
+    from mpi4py import MPI
+
+    from feedline.dist.alarm import Alarm
+
+    alarm = Alarm(MPI.COMM_SELF)
+    tests: list[bool] = []
+    orig = Alarm._test
+    monkeypatch.setattr(
+        Alarm, "_test", lambda self, block: (tests.append(block), orig(self, block))
+    )
+    every = 0.05
+    alarm.listen(every)
+    assert tests == [False]
+    for _ in range(5):
+        alarm.poll(every, every)  # the listener tested just now: a clock check
+    assert tests == [False]
+    time.sleep(2 * every + 0.02)
+    alarm.poll(every, every)  # nobody listened for two periods: the consumer tests
+    assert tests == [False, True]
+    alarm.listen(every)  # tested just now by the consumer: the listener waits its turn
+    assert tests == [False, True]
+    alarm.close()

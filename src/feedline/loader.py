@@ -39,7 +39,7 @@ from .errors import (
 )
 from .pipeline import state as _state
 from .pipeline.options import PipelineOptions, default_buffer, default_read, pipeline_options
-from .pipeline.passes import _AGREEING
+from .pipeline.passes import _AGREEING, listener
 from .pipeline.passes import Epoch as _Epoch
 from .pipeline.runner import EpochRun, inline_run
 from .pipeline.world import LoaderWorld, resolve_world
@@ -490,6 +490,7 @@ class Loader:
             light=light,
             timeout_s=self.options.timeout_s,
             name=f"feedline-r{self.world.rank}",
+            listen=listener(self),
         )
         self._run = run
         self._run_first = first

@@ -160,38 +160,64 @@ class Alarm:
         """True in a child forked from the process that built this alarm (MPI unusable)."""
         return os.getpid() != self._pid
 
-    def poll(self, every_s: float = 0.0) -> None:
+    def poll(self, every_s: float = 0.0, grace_s: float = 0.0) -> None:
         """Raise :class:`PeerFailedError` if a peer announced a failure or died.
 
         With *every_s*, the receive is tested at most that often (the Loader's poll
         before each batch: an MPI test costs ~9 us, which a double-buffered pass's
-        consumer paid at every step); a failure already heard raises at once."""
+        consumer paid at every step); a failure already heard raises at once. With
+        *grace_s*, the test is left that much longer to a thread that :meth:`listen` s
+        (the consumer tests only when the listener fell behind, e.g. in a long read)."""
         if self.failure is not None:
             raise self.failure
         if every_s:
             now = time.monotonic()
-            if now < self._next_test:
+            if now < self._next_test + grace_s:
                 return
             self._next_test = now + every_s
+        self._test(block=True)
+        if self.failure is not None:
+            raise self.failure
+
+    def listen(self, every_s: float) -> None:
+        """Test the receive and the local peers' liveness at most every *every_s*, like
+        :meth:`poll`, without raising: what it hears waits in :attr:`failure` for the
+        next :meth:`poll`. A Loader's producer thread listens once per step, so the
+        consumer's own poll before each batch is a clock check (the test costs ~9 us,
+        more with ranks sharing cores, and a ready batch should cost its consumer
+        nothing). Never blocks on the consumer: if it is testing, this returns."""
+        if self.failure is not None:
+            return
+        now = time.monotonic()
+        if now < self._next_test:
+            return
+        self._next_test = now + every_s
+        self._test(block=False)
+
+    def _test(self, block: bool) -> None:
+        """Test the receive (under the lock; without *block*, only if it is free) and,
+        every ``_LIVENESS_S``, whether the local peers' processes are alive."""
         if self.forked() or self.comm is None:
             return
-        with self._lock:
+        if not self._lock.acquire(blocking=block):
+            return
+        try:
             done = self._recv.Test() if self._recv is not None else False
             if done:
                 self._recv = None
                 self.failure = self._decode()
-        if self.failure is not None:
-            raise self.failure
-        now = time.monotonic()
-        if self._local and now >= self._next_liveness:
-            self._next_liveness = now + _LIVENESS_S
-            for r, pid in self._local.items():
-                if not pid_alive(pid):
-                    self.dead.append(r)
-                    self.failure = PeerFailedError(
-                        r, f"rank {r} (pid {pid}) died (killed, or exited without feedline)"
-                    )
-                    raise self.failure
+            now = time.monotonic()
+            if self.failure is None and self._local and now >= self._next_liveness:
+                self._next_liveness = now + _LIVENESS_S
+                for r, pid in self._local.items():
+                    if not pid_alive(pid):
+                        self.dead.append(r)
+                        self.failure = PeerFailedError(
+                            r, f"rank {r} (pid {pid}) died (killed, or exited without feedline)"
+                        )
+                        break
+        finally:
+            self._lock.release()
 
     def _decode(self) -> PeerFailedError:
         n = int(self._buf[:8].view(np.int64)[0])

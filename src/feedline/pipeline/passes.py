@@ -23,9 +23,22 @@ if TYPE_CHECKING:  # pragma: no cover
 _AGREEING = ("node", "store")
 
 
-#: the alarm's receive is tested before a batch at most this often (a test costs the
-#: consumer ~9 us; a failure is heard within this long, then raised at the next batch)
+#: the alarm's receive is tested at most this often (a failure is heard within this
+#: long, then raised at the next batch): by the producer thread of a threaded pass, once
+#: per step, so that the consumer's poll before a ready batch is a clock check (a test
+#: costs ~9 us, 10-25 us with 4 ranks on 2 cores); by the consumer when nobody did
 ALARM_EVERY_S = 0.005
+
+
+def listener(loader: Any) -> Any:
+    """What a pass's producer thread calls once per step to hear peers' failures off the
+    consumer's path (:meth:`~feedline.dist.alarm.Alarm.listen`), or None: no alarm, or
+    a source whose protocol shares its failures itself (``_AGREEING``)."""
+    alarm = loader._alarm
+    if alarm is None or loader._source_name in _AGREEING:
+        return None
+    return lambda: alarm.listen(ALARM_EVERY_S)
+
 
 #: completed passes whose seconds Loader.stats() reports (``epoch_s``)
 KEEP_PASSES = 8
@@ -79,7 +92,9 @@ class Epoch:
             alarm = lo._alarm
             try:
                 if alarm is not None and lo._source_name not in _AGREEING:
-                    alarm.poll(ALARM_EVERY_S)  # a peer failed or died: raise, on every rank
+                    # a peer failed or died: raise, on every rank (the test itself is
+                    # the producer's, ``listener``; this one only when it fell behind)
+                    alarm.poll(ALARM_EVERY_S, 0.0 if run._inline else ALARM_EVERY_S)
                 if self._t0 is None:
                     self._t0 = time.perf_counter()
                 batch = next(self._run)

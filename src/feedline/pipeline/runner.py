@@ -107,6 +107,9 @@ class EpochRun:
         per step.
     timeout_s : float
         Longest wait for one batch (0: no limit).
+    listen : callable, optional
+        Called by the producer thread before each step (the Loader's: the failure
+        alarm's paced test, so that the consumer's check before a batch is cheap).
 
     The hand-over costs the consumer no lock when the batch is ready: finished batches
     go into a dict keyed by step (atomic under the GIL) and the producer's budget is a
@@ -130,8 +133,10 @@ class EpochRun:
         light: bool = False,
         timeout_s: float = 0.0,
         name: str = "feedline",
+        listen: Callable[[], None] | None = None,
     ) -> None:
         self.source = source
+        self._listen = listen
         self.next_step = first
         self.last = last
         self.assemble = assemble
@@ -219,9 +224,12 @@ class EpochRun:
     def _produce(self) -> None:
         step = self.next_step
         try:
+            listen = self._listen
             while step < self.last:
                 if not self._wait_budget(step):
                     return
+                if listen is not None:
+                    listen()  # hear peers' failures here, not in the consumer's next()
                 raw = self.source.get(step)
                 if self._stop.is_set():
                     return
