@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -129,6 +131,10 @@ def test_the_chooser_reads_per_node_at_scale_and_explains():
     ch_slow = choose(rec, WorldSpec(512, 32), 1024, 2_500_000_000, slow)
     ch_fast = choose(rec, WorldSpec(512, 32), 1024, 2_500_000_000, PROFILES["memory"])
     assert ch_slow.best.requests <= ch_fast.best.requests
+    # the profile line names what the model charges: sub-GB/s aggregates, seeks
+    emu = dataclasses.replace(slow, aggregate_bw=0.5e9, seek_s=4e-3)
+    text = choose(rec, WorldSpec(512, 32), 1024, 2_500_000_000, emu).explain()
+    assert "aggregate 0.5 GB/s, seek 4.00 ms" in text
 
 
 def test_contention_collapse_and_queue():

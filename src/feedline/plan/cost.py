@@ -546,7 +546,8 @@ class Choice:
         lines = [
             f"storage profile {p.name!r} ({p.source}): latency {p.latency_s * 1e3:.2f} ms, "
             f"stream {p.stream_bw / 1e9:.2f} GB/s, node {p.node_bw / 1e9:.2f} GB/s, "
-            f"aggregate {'per node' if not p.aggregate_bw else f'{p.aggregate_bw / 1e9:.0f} GB/s'}"
+            f"aggregate {'per node' if not p.aggregate_bw else f'{p.aggregate_bw / 1e9:.3g} GB/s'}"
+            + (f", seek {p.seek_s * 1e3:.2f} ms" if p.seek_s else "")
             + (
                 (
                     f", {p.server_streams} server slots (requests queue beyond them)"
