@@ -123,3 +123,32 @@ def test_share_index_under_mpiexec(tmp_path, n, nodes, mode):
     assert f"OK share_index {n} {nodes} {mode}" in run_mpi(
         n, "share_index.py", str(tmp_path), str(nodes), mode
     )
+
+
+def test_a_store_batch_of_a_few_records_is_copied_directly():
+    """``copy_few``: records of this rank's part and of same-host parts (shared memory)
+    copied one by one, bytes counted by node; None (nothing copied) as soon as one record
+    lies in a part only MPI can reach."""
+    from feedline.dist.shm import copy_few
+
+    rng = np.random.default_rng(5)
+    parts = [rng.integers(0, 256, 1000, dtype=np.uint8) for _ in range(4)]
+    node = np.array([0, 0, 1, 1])
+    owners = np.array([2, 0, 1, 2, 1, 0])
+    disps = np.array([10, 500, 0, 900, 300, 7])
+    lengths = np.array([5, 100, 0, 100, 64, 1])
+    dest = np.concatenate([[0], np.cumsum(lengths[:-1])])
+    out = np.zeros(int(lengths.sum()), np.uint8)
+    # rank 0: its own part, rank 1 (same node), rank 2 (another node, same host)
+    got = copy_few(parts[0], parts, 0, node, owners, disps, lengths, out, dest)
+    want = np.concatenate(
+        [parts[o][d : d + n] for o, d, n in zip(owners, disps, lengths, strict=True)]
+    )
+    assert np.array_equal(out, want)
+    # other ranks read: 1 (64 B; its 0-length record alone would not count) and 2
+    assert got == (64, 105, 2)
+    # a part not in shared memory: nothing copied, the caller goes through MPI
+    out[:] = 0
+    shared = [parts[0], None, parts[2], parts[3]]
+    assert copy_few(parts[0], shared, 0, node, owners, disps, lengths, out, dest) is None
+    assert not out.any()

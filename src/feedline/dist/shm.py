@@ -5,6 +5,7 @@ memory, found by ``MPI_Win_shared_query``. mpi4py is imported lazily."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,3 +66,43 @@ def _shared_parts(win: Any, comm: Any, nbytes: int) -> list[np.ndarray | None]:
     finally:
         host.Free()
     return parts
+
+
+def copy_few(
+    array: np.ndarray,
+    shared: Sequence[np.ndarray | None],
+    rank: int,
+    node: np.ndarray,
+    owners: np.ndarray,
+    disps: np.ndarray,
+    lengths: np.ndarray,
+    out: np.ndarray,
+    dest: np.ndarray,
+) -> tuple[int, int, int] | None:
+    """:meth:`RmaArray.get <feedline.dist.world.RmaArray.get>` for a batch of at most
+    ``_DIRECT_LOOP`` records that all lie in this rank's part or in shared memory: a copy
+    per record, with no grouping by owner (the sort and split cost a store's batch of a
+    few records more than its copies). Returns (bytes from other ranks of this node,
+    bytes from other nodes, ranks read) — or None, copying nothing, when a record needs
+    MPI."""
+    ol = owners.tolist()
+    srcs = []
+    for o in ol:
+        src = array if o == rank else (shared[o] if o < len(shared) else None)
+        if src is None:
+            return None
+        srcs.append(src)
+    here = int(node[rank])
+    node_bytes = remote = 0
+    others = set()
+    for src, o, d, ln, t in zip(
+        srcs, ol, disps.tolist(), lengths.tolist(), dest.tolist(), strict=True
+    ):
+        out[t : t + ln] = src[d : d + ln]
+        if o != rank and ln > 0:
+            others.add(o)
+            if int(node[o]) == here:
+                node_bytes += ln
+            else:
+                remote += ln
+    return node_bytes, remote, len(others)

@@ -27,7 +27,7 @@ from ..plan.world import WorldSpec
 from .alarm import Alarm, pid_alive
 from .alarm import register as register_alarm
 from .launch import detect, job_comm, launcher_comm
-from .shm import _DIRECT_LOOP, _copy_records, _shared_parts
+from .shm import _DIRECT_LOOP, _copy_records, _shared_parts, copy_few
 
 _TOKEN_TAG = 0x7EED
 
@@ -254,6 +254,14 @@ class RmaArray:
         lengths = np.asarray(lengths, dtype=np.int64)
         disps = np.asarray(disps, dtype=np.int64)
         dest = np.asarray(dest, dtype=np.int64)
+        if self._win is not None and len(owners) <= _DIRECT_LOOP:  # a batch of a few
+            few = copy_few(
+                self.array, self._shared, self._rank, self._node, owners, disps, lengths, out, dest
+            )
+            if few is not None:
+                if few[2] and poll is not None:
+                    poll()
+                return few[0], few[1], few[2], few[2]
         order = np.argsort(owners, kind="stable")
         cuts = np.flatnonzero(np.diff(owners[order])) + 1
         types: list[Any] = []
