@@ -6,6 +6,7 @@ closing a pass whose producer is pacing itself returns at once."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -181,12 +182,30 @@ def test_the_producer_listens_for_peer_failures_off_the_consumers_path():
 
 def test_the_consumers_alarm_poll_leaves_the_test_to_a_listener(monkeypatch):
     """Alarm.poll with a grace period does not test while a listener keeps testing, and
-    tests again once the listener fell behind by the grace (a read stuck in storage)."""
-    from mpi4py import MPI
-
+    tests again once the listener fell behind by the grace (a read stuck in storage).
+    The alarm's channel is a stand-in: MPI initialised in this process would change
+    what other tests see (``progress.process_rank``)."""
     from feedline.dist.alarm import Alarm
 
-    alarm = Alarm(MPI.COMM_SELF)
+    class _Recv:
+        def Test(self):
+            return False
+
+        def Cancel(self):
+            pass
+
+        def Wait(self):
+            pass
+
+    class _Comm:
+        def Free(self):
+            pass
+
+    alarm = Alarm.__new__(Alarm)
+    alarm.comm, alarm._recv, alarm._lock = _Comm(), _Recv(), threading.Lock()
+    alarm.failure = alarm.announced = None
+    alarm.dead, alarm._local, alarm._pid = [], {}, os.getpid()
+    alarm._next_test = alarm._next_liveness = 0.0
     tests: list[bool] = []
     orig = Alarm._test
     monkeypatch.setattr(
@@ -204,3 +223,7 @@ def test_the_consumers_alarm_poll_leaves_the_test_to_a_listener(monkeypatch):
     alarm.listen(every)  # tested just now by the consumer: the listener waits its turn
     assert tests == [False, True]
     alarm.close()
+    time.sleep(every)
+    alarm.listen(every)  # a producer still running after the close: nothing to test
+    alarm.poll(every, every)
+    assert alarm.failure is None

@@ -202,6 +202,8 @@ class Alarm:
         if not self._lock.acquire(blocking=block):
             return
         try:
+            if self.comm is None:  # closed meanwhile (by another thread)
+                return
             done = self._recv.Test() if self._recv is not None else False
             if done:
                 self._recv = None
