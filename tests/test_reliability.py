@@ -136,6 +136,12 @@ if pid == 0:
     try:
         if mode == "use":
             try:
+                next(it)  # the parent's pass: its threads do not exist here
+            except ConcurrencyError:
+                pass
+            else:
+                raise AssertionError("the parent's pass delivered in the child")
+            try:
                 next(iter(ld))
             except ConcurrencyError:
                 pass

@@ -120,7 +120,7 @@ class Alarm:
         self.dead: list[int] = []
         self.abandoned = 0  # requests given up in flight (MPI_Finalize could wait on them)
         self._next_liveness = 0.0
-        self._next_test = 0.0  # poll(every_s): when the receive is tested next
+        self._next_test = 0.0  # poll(every_s): when the receive is tested next (perf_counter)
         self._pid = os.getpid()
 
     # ------------------------------------------------------------- sending
@@ -171,7 +171,7 @@ class Alarm:
         if self.failure is not None:
             raise self.failure
         if every_s:
-            now = time.monotonic()
+            now = time.perf_counter()
             if now < self._next_test + grace_s:
                 return
             self._next_test = now + every_s
@@ -188,7 +188,7 @@ class Alarm:
         nothing). Never blocks on the consumer: if it is testing, this returns."""
         if self.failure is not None:
             return
-        now = time.monotonic()
+        now = time.perf_counter()
         if now < self._next_test:
             return
         self._next_test = now + every_s

@@ -253,43 +253,50 @@ class EpochRun:
         return self
 
     def __next__(self) -> Any:
-        if self._closed or self.next_step >= self.last:
+        # one frame for the ready batch of a read-ahead pass (docs/loader.md, "The
+        # hand-over"): what a step costs the consumer grows with the memory it touches
+        step = self.next_step
+        if self._closed or step >= self.last:
             self.close()
             raise StopIteration
         t0 = time.perf_counter()
         # the consumer's step period (moving average), which paces a waiting producer
-        self._period += 0.25 * (t0 - self._taken_t - self._period)
+        period = self._period + 0.25 * (t0 - self._taken_t - self._period)
+        self._period = period
         self._taken_t = t0
-        try:
-            if self._inline:
-                raw = self.source.get(self.next_step)
-                batch = self.assemble(raw, self.next_step)
-            else:
-                batch = self._next_threaded(t0)
-        except BaseException:
-            self.exposed_s += time.perf_counter() - t0
-            self.close()
-            raise
-        self.exposed_s += time.perf_counter() - t0
-        self.next_step += 1
+        if self._inline:
+            try:
+                batch = self.assemble(self.source.get(step), step)
+            except BaseException:
+                self.close()
+                raise
+            finally:
+                self.exposed_s += time.perf_counter() - t0
+        else:
+            # the consumer is done with the previous batch: the producer may run one further
+            self._taken = step
+            bell = self._producer_bell
+            if bell.urgent or (bell.waiting and bell.wake_at - t0 > period / 8):
+                bell.ring()  # rung for; or the producer would look too late (a long step)
+            item = self._done.pop(step, None)
+            if item is None:
+                # not ready: the wait is exposed I/O (a ready batch's hand-over is not
+                # timed: the clock would cost as much as the hand-over itself)
+                bell.ring()  # the producer may be pacing itself: this step needs it now
+                try:
+                    item = self._wait_item(step, t0)
+                except BaseException:
+                    self.close()
+                    raise
+                finally:
+                    self.exposed_s += time.perf_counter() - t0
+            ok, batch = item
+            if not ok:
+                self.close()
+                raise batch
+        self.next_step = step + 1
         self.delivered += 1
         return batch
-
-    def _next_threaded(self, t0: float) -> Any:
-        step = self.next_step
-        # the consumer is done with the previous batch: the producer may run one further
-        self._taken = step
-        bell = self._producer_bell
-        if bell.urgent or (bell.waiting and bell.wake_at - t0 > self._period / 8):
-            bell.ring()  # rung for; or the producer would look too late (a long step)
-        item = self._done.pop(step, None)
-        if item is None:
-            bell.ring()  # the producer may be pacing itself: this step needs it now
-            item = self._wait_item(step, t0)
-        ok, value = item
-        if not ok:
-            raise value
-        return value
 
     def _wait_item(self, step: int, t0: float) -> tuple[bool, Any]:
         bell = self._consumer_bell
