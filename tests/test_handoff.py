@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from feedline.pipeline import runner
 from feedline.pipeline.runner import _RING_BELOW_S, EpochRun, _Bell
 from feedline.sources.base import RawBatch
 
@@ -227,3 +228,23 @@ def test_the_consumers_alarm_poll_leaves_the_test_to_a_listener(monkeypatch):
     alarm.listen(every)  # a producer still running after the close: nothing to test
     alarm.poll(every, every)
     assert alarm.failure is None
+
+
+def test_a_waiting_consumer_is_handed_the_gil_with_its_batch(monkeypatch):
+    """The producer yields the GIL after putting a batch only when the consumer waits
+    for it (a ring that woke someone): a ready batch costs the producer nothing, and a
+    consumer that waited does not wait again for the producer's next forced GIL switch
+    (up to 5 ms) while the producer works on the next step."""
+    bell = _Bell()
+    assert bell.ring() is False  # nobody waits
+    bell.waiting = True
+    assert bell.ring() is True and bell.waiting is False
+    handed: list[int] = []
+    monkeypatch.setattr(runner, "_hand_gil", lambda: handed.append(1))
+    # a consumer far slower than the reads: its batches are always ready
+    run, got = _run(30, 3 * _RING_BELOW_S)
+    assert got == list(range(30)) and handed == []
+    # reads slower than the consumer: it waits for (nearly) every batch
+    run = EpochRun(_Ready(read_s=0.004), 0, 30, lambda raw, s: int(raw.ids[0]), depth=2)
+    assert list(run) == list(range(30))
+    assert 15 <= len(handed) <= 30

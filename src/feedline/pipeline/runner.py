@@ -42,6 +42,17 @@ _POLL = 0.05  # seconds between checks of the stop flag while blocked
 _RING_BELOW_S = 1e-3
 _LOOK_MIN_S = 50e-6  # a pacing producer's shortest sleep
 _GRACE_S = 1.0  # past timeout_s, how long the consumer waits for the reader's own error
+#: after waking a consumer that waited for its batch, the producer sleeps this long (the
+#: kernel's timer slack makes it ~60-100 us) so that the consumer takes the GIL now
+#: (EpochRun._put; docs/loader.md, "The hand-over")
+_HAND_GIL_S = 20e-6
+
+
+def _hand_gil() -> None:
+    """The consumer was waiting for the batch just put: it wakes needing the GIL, which
+    the producer, going on with the next step in Python, would hold until the next
+    forced switch (``sys.getswitchinterval()``, 5 ms); a short sleep hands it over."""
+    time.sleep(_HAND_GIL_S)
 
 
 def inline_run(source: Source | type[Source], depth: int) -> bool:
@@ -71,12 +82,15 @@ class _Bell:
         self.wake_at = 0.0  # when a pacing waiter means to look again (perf_counter)
         self.waits = 0  # sleeps begun (a pacing waiter's wake-ups)
 
-    def ring(self, always: bool = False) -> None:
+    def ring(self, always: bool = False) -> bool:
+        """Wake the waiter, if one waits (or *always*); True if one was waiting."""
         if self.waiting or always:
             self.waiting = False
             self.rings += 1
             with contextlib.suppress(RuntimeError):  # already rung: still open
                 self._lock.release()
+            return True
+        return False
 
     def wait(self, timeout: float) -> None:
         self.waits += 1
@@ -213,7 +227,8 @@ class EpochRun:
 
     def _put(self, step: int, ok: bool, value: Any) -> None:
         self._done[step] = (ok, value)
-        self._consumer_bell.ring()
+        if self._consumer_bell.ring():
+            _hand_gil()
 
     def _work(self, raw: RawBatch, step: int) -> None:
         try:
