@@ -120,12 +120,13 @@ class Epoch:
             )
         try:
             run = self._run
-            if self._owner != get_ident() or self._forks != _FORKS[0] or lo._broken:
+            if self._owner != get_ident() or self._forks != _FORKS[0] or lo._broken is not None:
                 self._enter(lo, run)
             if run is not lo._run and not lo._closed and run.next_step < run.last:
                 raise ConcurrencyError("this pass was replaced by a newer iter() of its Loader")
             alarm = self._alarm
             try:
+                # Alarm.poll's own early return, inlined (a call per batch costs more)
                 if alarm is not None and (
                     alarm.failure is not None
                     or time.perf_counter() >= alarm._next_test + self._grace
