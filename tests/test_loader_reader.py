@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""coalesce + gather + the pread fallback: any extents come back byte-exact, in order."""
+"""coalesce + gather (the native record copy) + the pread fallback: any extents come back
+byte-exact, in order; extents outside a buffer are refused."""
 
 from __future__ import annotations
 
@@ -45,6 +46,46 @@ def test_coalesced_reads_gather_every_record(extents, gap, per_sample, fixed):
         buf[d : d + n] = FILES[f][o : o + n]
     want = np.concatenate([FILES[f][o : o + n] for f, o, n in zip(fid, off, ln, strict=True)])
     np.testing.assert_array_equal(gather(buf, c.src, c.lengths), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-3, 70), st.integers(-2, 20), st.integers(-3, 70)), max_size=12),
+    st.booleans(),
+)
+def test_copy_records_copies_every_record_or_refuses_before_copying(recs, packed):
+    """The native copy under every source's gather and the store's scatter: each record
+    lands where it should, and any extent outside either buffer is an IndexError naming
+    the record, with nothing copied (the output is left as it was)."""
+    from feedline import _core
+
+    src = np.arange(64, dtype=np.uint8)
+    out = np.full(48, 0xEE, np.uint8)
+    off = np.array([r[0] for r in recs], dtype=np.int64)
+    ln = np.array([r[1] for r in recs], dtype=np.int64)
+    dest = None if packed else np.array([r[2] for r in recs], dtype=np.int64)
+    places = np.concatenate([[0], np.cumsum(ln)])[:-1] if packed else dest
+    bad = [
+        i
+        for i in range(len(recs))
+        if not (off[i] >= 0 and ln[i] >= 0 and off[i] + ln[i] <= 64)
+        or not (places[i] >= 0 and places[i] + max(ln[i], 0) <= 48)
+    ]
+    want = out.copy()
+    if not bad:
+        for i in range(len(recs)):
+            want[places[i] : places[i] + ln[i]] = src[off[i] : off[i] + ln[i]]
+    if bad:
+        with pytest.raises(IndexError, match=f"record {bad[0]}:"):
+            _core.copy_records(src, off, ln, out, dest)
+    else:
+        _core.copy_records(src, off, ln, out, dest)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_gather_refuses_a_record_beyond_its_window():
+    with pytest.raises(IndexError, match="record 1: 10 bytes at 95 fall outside the source"):
+        gather(np.zeros(100, np.uint8), np.array([0, 95]), np.array([10, 10]))
 
 
 def test_reader_reads_and_reports(tmp_path):

@@ -174,7 +174,7 @@ class Batches:
         return n // self._B if self._drop else -(-n // self._B)
 
     def __iter__(self) -> Iterator[MiniBatch]:
-        from .dist.world import _copy_records
+        from . import _core
         from .pipeline.reader import coalesce
 
         try:
@@ -192,7 +192,7 @@ class Batches:
                     buf = np.empty(int(c.reads.lengths.sum()), dtype=np.uint8)
                     self._backend.read((c.reads.file_ids, c.reads.offsets, c.reads.lengths), buf)
                     self.read_calls += 1
-                    _copy_records(buf, c.src, self._len[sel], out, dest[part])
+                    _core.copy_records(buf, c.src, self._len[sel], out, dest[part])
                 data = out.reshape(len(ids), self._fixed) if self._fixed else out
                 yield MiniBatch(ids, data, ln)
         finally:

@@ -10,36 +10,9 @@ from typing import Any
 
 import numpy as np
 
-#: a direct read from a peer's shared memory copies record by record up to this many
-#: records of varied sizes; more go through ``MPI_Rget`` and its indexed datatypes
+#: a batch of at most this many records that all lie in shared memory or this rank's part
+#: is copied record by record, without grouping by owner (:func:`copy_few`)
 _DIRECT_LOOP = 64
-
-
-def _copy_records(
-    src: np.ndarray,
-    disps: np.ndarray,
-    lengths: np.ndarray,
-    out: np.ndarray,
-    dest: np.ndarray,
-    loop_max: int | None = None,
-) -> bool:
-    """``out[dest[i]:+lengths[i]] = src[disps[i]:+lengths[i]]``: a copy per record when
-    they are few (one memcpy each, no temporary), else one vectorised gather when the
-    records have one length and land on multiples of it, else a copy per record — or,
-    past *loop_max* records, nothing (False: the caller copies them another way)."""
-    n = len(disps)
-    if n == 0:
-        return True
-    L = int(lengths[0])
-    if n > _DIRECT_LOOP and L > 0 and bool((lengths == L).all()) and bool((dest % L == 0).all()):
-        rows = np.lib.stride_tricks.sliding_window_view(src[: int(disps.max()) + L], L)
-        out[: (int(dest.max()) // L + 1) * L].reshape(-1, L)[dest // L] = rows[disps]
-        return True
-    if loop_max is not None and n > loop_max:
-        return False
-    for d, ln, t in zip(disps.tolist(), lengths.tolist(), dest.tolist(), strict=True):
-        out[t : t + ln] = src[d : d + ln]
-    return True
 
 
 def _shared_parts(win: Any, comm: Any, nbytes: int) -> list[np.ndarray | None]:

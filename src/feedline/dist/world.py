@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import defaults
+from .. import _core, defaults
 from ..errors import ConfigError, FeedlineError
 from ..plan.world import WorldSpec
 from .alarm import Alarm, pid_alive
 from .alarm import register as register_alarm
 from .launch import detect, job_comm, launcher_comm
-from .shm import _DIRECT_LOOP, _copy_records, _shared_parts, copy_few
+from .shm import _DIRECT_LOOP, _shared_parts, copy_few
 
 _TOKEN_TAG = 0x7EED
 
@@ -241,8 +241,7 @@ class RmaArray:
         ``out[dest[i]:]``. Returns (bytes from other ranks of this rank's node, bytes
         from other nodes, gets, of which served from shared memory): one get per other
         rank holding some of the records. A rank whose part is in shared memory is read
-        directly (a copy per record when they are few, else one vectorised copy of
-        fixed-size records; many records of varied sizes go through MPI). Every other
+        directly (one native memcpy per record, ``_core.copy_records``). Every other
         get is one request-based ``MPI_Rget``, its scattered records described by two
         indexed datatypes (a batch of many elements per call). The requests are polled,
         calling *poll* between tests (it may raise, e.g. when a peer died: the gets then
@@ -275,7 +274,7 @@ class RmaArray:
                 o = int(owners[sel[0]])
                 ln = lengths[sel]
                 if o == self._rank or self._win is None:
-                    _copy_records(self.array, disps[sel], ln, out, dest[sel])
+                    _core.copy_records(self.array, disps[sel], ln, out, dest[sel])
                     continue
                 keep = ln > 0
                 sel, ln = sel[keep], ln[keep]
@@ -286,9 +285,8 @@ class RmaArray:
                 else:
                     remote += int(ln.sum())
                 src = self._shared[o] if o < len(self._shared) else None
-                if src is not None and _copy_records(
-                    src, disps[sel], ln, out, dest[sel], loop_max=_DIRECT_LOOP
-                ):
+                if src is not None:
+                    _core.copy_records(src, disps[sel], ln, out, dest[sel])
                     direct += 1
                     continue
                 MPI = _mpi()
