@@ -119,3 +119,17 @@ def test_reader_reads_and_reports(tmp_path):
             np.empty(4, np.uint8),
         )
     gone.close()
+
+
+def test_dev_gather_ab_compares_both_copies():
+    """dev/gather_ab.py (the figure docs/loader.md quotes) runs and checks its copies."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "dev" / "gather_ab.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "16", "100", "1", "6"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "native" in out.stdout and "numpy" in out.stdout
