@@ -11,9 +11,11 @@ import threading
 import time
 
 import numpy as np
+import pytest
+from feedline._core import Bell as _Bell
 
 from feedline.pipeline import runner
-from feedline.pipeline.runner import _RING_BELOW_S, EpochRun, _Bell
+from feedline.pipeline.runner import _RING_BELOW_S, EpochRun
 from feedline.sources.base import RawBatch
 
 
@@ -248,3 +250,133 @@ def test_a_waiting_consumer_is_handed_the_gil_with_its_batch(monkeypatch):
     run = EpochRun(_Ready(read_s=0.004), 0, 30, lambda raw, s: int(raw.ids[0]), depth=2)
     assert list(run) == list(range(30))
     assert 15 <= len(handed) <= 30
+
+
+# ------------------------------------------------------------------ the C next()
+
+
+def test_handoff_keeps_results_by_step_in_and_out_of_its_window():
+    """Handoff.put/pop: results come back by step whatever the order they were put in,
+    including steps far outside the ring (kept aside), and once only."""
+    from feedline._core import Handoff
+
+    h = Handoff(10, 100, 2)
+    assert h.pop(10) is None and not h.has(10)
+    err = ValueError("read failed")
+    h.put(11, True, "b11", 3, 30)
+    h.put(10, True, "b10")
+    h.put(12, False, err)
+    h.put(10 + 64, True, "far")  # the same ring slot as a held step would collide
+    h.put(10 + 1024, True, "farther")
+    assert h.held == 5
+    assert h.pop(10) == (True, "b10") and h.pop(10) is None
+    assert h.pop(12) == (False, err)
+    assert h.pop(74) == (True, "far") and h.pop(1034) == (True, "farther")
+    assert h.pop(11) == (True, "b11") and h.held == 0
+    h.put(13, True, None)
+    h.clear()
+    assert h.held == 0 and h.pop(13) is None
+
+
+def test_gate_is_a_non_blocking_flag():
+    from feedline._core import Gate
+
+    g = Gate()
+    assert g.acquire(blocking=False) and g.locked()
+    assert not g.acquire(blocking=False)
+    g.release()
+    assert not g.locked()
+    with pytest.raises(ValueError):
+        g.release()
+    with pytest.raises(ValueError):
+        g.acquire()  # blocking: nothing may wait on it
+
+
+def test_monotonic_is_perf_counter():
+    from feedline import _core
+
+    a, b, c = time.perf_counter(), _core.monotonic(), time.perf_counter()
+    assert a <= b <= c
+
+
+def test_c_next_delivers_ready_batches_and_counts_them_like_python(tmp_path, monkeypatch):
+    """Loader passes are consumed through the C next(): it delivers every ready batch
+    (the Python path runs only for the first call, waits and the end), and leaves the
+    Loader's step, batch, sample and byte counts where the Python path leaves them."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
+    from loader_common import make_records
+
+    from feedline import Loader
+    from feedline.pipeline import passes
+
+    ds, _ = make_records(str(tmp_path / "ds"), n=400, size=24, files=2)
+    slow = [0]
+    orig = passes.Epoch._slow_next
+
+    def counted(self):
+        slow[0] += 1
+        return orig(self)
+
+    monkeypatch.setattr(passes.Epoch, "_slow_next", counted)
+
+    def run(loader, pause):
+        ids, steps = [], []
+        it = iter(loader)
+        for b in it:
+            ids += b.ids.tolist()
+            steps.append(b.step)
+            assert loader.state_dict()["step"] == b.step + 1
+            time.sleep(pause)  # the next batch is ready when asked for
+        return ids, steps
+
+    with Loader(ds, batch_size=8, preset="async-db", seed=3) as loader:
+        ids, steps = run(loader, 0.004)
+        st = loader.stats()
+    assert sorted(ids) == list(range(400)) and steps == list(range(50))
+    assert st["steps"] == 50 and st["samples"] == 400 and st["payload_bytes"] == 400 * 24
+    assert slow[0] <= 10  # the first call, the end, a batch or two not ready yet
+    # the same through the Python path only: the same order and the same counts
+    monkeypatch.setattr(passes.Epoch, "__next__", lambda self: self._slow_next())
+    with Loader(ds, batch_size=8, preset="async-db", seed=3) as loader:
+        ids2, steps2 = run(loader, 0.0)
+        st2 = loader.stats()
+    assert ids2 == ids and steps2 == steps
+    assert {k: st2[k] for k in ("steps", "samples", "payload_bytes")} == {
+        k: st[k] for k in ("steps", "samples", "payload_bytes")
+    }
+
+
+def test_c_next_leaves_other_threads_and_replaced_passes_to_python(tmp_path):
+    """What the Python next() refuses, the C next() refuses too: another thread than the
+    pass's consumer, and a pass replaced by a newer iter()."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
+    from loader_common import make_records
+
+    from feedline import ConcurrencyError, Loader
+
+    ds, _ = make_records(str(tmp_path / "ds"), n=200, size=16, files=1)
+    with Loader(ds, batch_size=4, preset="async-db") as loader:
+        it = iter(loader)
+        next(it)
+        time.sleep(0.05)  # the next batch is ready: the C path would deliver it
+        got: list[BaseException] = []
+
+        def other():
+            try:
+                next(it)
+            except BaseException as e:
+                got.append(e)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(5)
+        assert len(got) == 1 and isinstance(got[0], ConcurrencyError)
+        next(it)  # its own consumer goes on
+        it2 = iter(loader)
+        with pytest.raises(ConcurrencyError, match="replaced"):
+            next(it)
+        assert next(it2).step == 2  # iter() mid-epoch goes on from where the epoch is

@@ -30,6 +30,7 @@ void register_io(nanobind::module_& m);
 void register_sync(nanobind::module_& m);
 void register_plan(nanobind::module_& m);
 void register_records(nanobind::module_& m);
+void register_handoff(nanobind::module_& m);
 
 /// Remember which thread is the interpreter's main thread (module.cpp, at import).
 void note_main_thread();

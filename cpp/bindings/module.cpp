@@ -79,4 +79,5 @@ NB_MODULE(_core, m) {
   feedline::py::register_sync(m);
   feedline::py::register_plan(m);
   feedline::py::register_records(m);
+  feedline::py::register_handoff(m);
 }

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import defaults
+from . import _core, defaults
 from .batch import Batch
 from .errors import (
     ConcurrencyError,
@@ -147,7 +147,7 @@ class Loader:
         if self.world.dist is not None:
             self.world.dist.timeout_s = float(opts.timeout_s)
         # one consumer at a time (ConcurrencyError)
-        self._next_lock: threading.Lock = threading.Lock()
+        self._next_lock: _core.Gate = _core.Gate()  # read by Epoch's C next()
         self._index: Any = dataset.index
         self._records: Any = as_records(self._index)  # what the planner sees of it
         self.n: int = len(self._index)

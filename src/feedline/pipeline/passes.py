@@ -11,6 +11,7 @@ import time
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
+from .. import _core
 from ..errors import ConcurrencyError, StorageTimeoutError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,42 +57,44 @@ def _record_pass(loader: Any, run: Any, t0: float | None) -> None:
     del done[:-KEEP_PASSES]
 
 
-#: forks of this process so far (a child's count is its parent's plus one): a pass
-#: created before a fork sees a different count in the child, a cheaper check per batch
-#: than ``os.getpid()`` (a system call)
-_FORKS = [0]
-
-
-def _forked() -> None:
-    _FORKS[0] += 1
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
-class Epoch:
+class Epoch(_core.PassIter):
     """The iterator of one pass; dropping it (``break``) stops the loader's threads.
 
     ``next()`` of a ready batch is the per-step price of every read-ahead pass, and on
     a machine whose caches other work (other ranks, other tenants of a VM) cools between
-    steps, its price grows with the memory it touches: 44-59 us after a 2.9 ms step on
-    the development VM for what costs 18 us back to back. So the checks are folded into
-    one frame that touches the Loader, the pass and the alarm once each; the rarer cases
-    (the first call, a fork, a broken Loader, a replaced pass) take the long way.
+    steps, its price grows with the memory it touches: 26-42 us after a 2.9 ms step on
+    the development VM in Python, for ~4 us in a C iterator. So ``next()`` is C
+    (``_core.PassIter``, the base): it makes the checks of :meth:`_slow_next`, in the
+    same order, and delivers a ready batch; any other case (the first call, another
+    thread, a fork, a broken Loader, a replaced pass, the alarm's test due, a batch not
+    ready, an error, the end) calls :meth:`_slow_next`, which handles them all.
     """
 
+    if TYPE_CHECKING:  # the base's, set by _bind (its stub leaves private names out)
+        _loader: Any
+        _run: EpochRun
+        _alarm: Any
+        _grace: float
+        _forks: int
+        _owner: int | None
+
+        def _bind(self, *args: Any) -> None: ...
+
     def __init__(self, loader: Any, run: EpochRun) -> None:
-        self._loader = loader
-        self._run = run
-        self._owner: int | None = None  # the thread consuming this pass
-        self._t0: float | None = None  # the first next() of this pass
-        self._forks = _FORKS[0]
+        super().__init__()
         alarm = loader._alarm
         # the alarm polled before each batch (None: none, or a source whose protocol
         # shares failures itself); the consumer tests the receive only when the
         # producer's listening fell behind by a period (none listens in an inline pass)
-        self._alarm = None if alarm is None or loader._source_name in _AGREEING else alarm
-        self._grace = 0.0 if run._inline else ALARM_EVERY_S
+        self._bind(
+            loader,
+            run,
+            run._h,
+            loader._next_lock,
+            None if alarm is None or loader._source_name in _AGREEING else alarm,
+            0.0 if run._inline else ALARM_EVERY_S,
+        )
+        self._t0: float | None = None  # the first next() of this pass
 
     def __iter__(self) -> Epoch:
         return self
@@ -111,7 +114,8 @@ class Epoch:
         if os.getpid() != lo._pid or lo._broken is not None:
             lo._check_usable()
 
-    def __next__(self) -> Any:
+    def _slow_next(self) -> Any:
+        """``next()`` of every case (the C ``next()`` calls it when a check fails)."""
         lo = self._loader
         if not lo._next_lock.acquire(blocking=False):
             raise ConcurrencyError(
@@ -120,7 +124,7 @@ class Epoch:
             )
         try:
             run = self._run
-            if self._owner != get_ident() or self._forks != _FORKS[0] or lo._broken is not None:
+            if self._owner != get_ident() or self._forks != _core.forks() or lo._broken is not None:
                 self._enter(lo, run)
             if run is not lo._run and not lo._closed and run.next_step < run.last:
                 raise ConcurrencyError("this pass was replaced by a newer iter() of its Loader")

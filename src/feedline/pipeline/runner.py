@@ -33,6 +33,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
+import numpy as np
+
+from .. import _core
 from ..dist.alarm import Interrupted
 from ..errors import FeedlineError, StorageTimeoutError
 from ..sources.base import RawBatch, Source
@@ -58,43 +61,6 @@ def _hand_gil() -> None:
 def inline_run(source: Source | type[Source], depth: int) -> bool:
     """Whether the consumer reads and decodes itself (no producer thread)."""
     return depth == 0 or (source.threaded and depth <= 1)
-
-
-class _Bell:
-    """A doorbell for one waiting thread: a lock held while nobody has rung.
-
-    The waiter raises ``waiting``, re-checks its condition, then :meth:`wait` s; the
-    ringer changes the state first and rings only when it sees ``waiting`` (under the
-    GIL the flag and the state are seen in program order, so no wake-up is lost; without
-    a GIL on a weakly ordered CPU one could be, costing a waiter its timeout). A ring
-    nobody waited for leaves the lock open: the next wait returns at once and its
-    caller re-checks, as after any spurious wake-up.
-    """
-
-    __slots__ = ("_lock", "rings", "urgent", "waiting", "waits", "wake_at")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self.waiting = False
-        self.urgent = True  # the waiter wants a ring at every change, not only when needed
-        self.rings = 0  # rings that woke (or would have woken) a waiter
-        self.wake_at = 0.0  # when a pacing waiter means to look again (perf_counter)
-        self.waits = 0  # sleeps begun (a pacing waiter's wake-ups)
-
-    def ring(self, always: bool = False) -> bool:
-        """Wake the waiter, if one waits (or *always*); True if one was waiting."""
-        if self.waiting or always:
-            self.waiting = False
-            self.rings += 1
-            with contextlib.suppress(RuntimeError):  # already rung: still open
-                self._lock.release()
-            return True
-        return False
-
-    def wait(self, timeout: float) -> None:
-        self.waits += 1
-        self._lock.acquire(timeout=timeout)
 
 
 class EpochRun:
@@ -126,12 +92,14 @@ class EpochRun:
         alarm's paced test, so that the consumer's check before a batch is cheap).
 
     The hand-over costs the consumer no lock when the batch is ready: finished batches
-    go into a dict keyed by step (atomic under the GIL) and the producer's budget is a
-    counter. A side that has to wait raises its flag, re-checks, and sleeps on its
-    :class:`_Bell`; the other side rings the bell only when it sees the flag (one
-    ``Lock.release``, a single futex wake: 13 us less per step than notifying a
-    ``threading.Condition``, which the consumer paid at every step of a double-buffered
-    pass because the producer waits for budget there).
+    go into a native :class:`feedline._core.Handoff` by step (ordered by the GIL) and
+    the producer's budget is a counter. A side that has to wait raises its flag,
+    re-checks, and sleeps on its :class:`feedline._core.Bell`; the other side rings the
+    bell only when it sees the flag (a single futex wake: 13 us less per step than
+    notifying a ``threading.Condition``, which the consumer paid at every step of a
+    double-buffered pass because the producer waits for budget there). Consumed
+    through :class:`~feedline.pipeline.passes.Epoch`, next() of a ready batch runs in C
+    (``_core.PassIter``); this class's ``__next__`` is the same hand-over in Python.
     """
 
     def __init__(
@@ -151,13 +119,11 @@ class EpochRun:
     ) -> None:
         self.source = source
         self._listen = listen
-        self.next_step = first
         self.last = last
         self.assemble = assemble
         self.timeout_s = timeout_s
         self.depth = max(1, depth)
         self.exposed_s = 0.0
-        self.delivered = 0
         self._closed = False
         self._close_lock = threading.Lock()
         self._pid = os.getpid()  # a forked child's copy must not touch the parent's threads
@@ -169,12 +135,12 @@ class EpochRun:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._own_pool = False
-        self._done: dict[int, tuple[bool, Any]] = {}  # step -> (ok, batch or exception)
-        self._taken = first  # steps the consumer has taken (frees producer budget)
-        self._consumer_bell = _Bell()  # rung by the producer when a batch is put
-        self._producer_bell = _Bell()  # rung by the consumer when it takes a step
-        self._period = 0.0  # the consumer's step period, seconds (moving average)
-        self._taken_t = time.perf_counter()  # when the consumer took its last step
+        # the batches put and not yet taken, the consumer's next step, the steps it took
+        # (which free producer budget), its step period (a moving average that paces a
+        # waiting producer) and both sides' bells
+        self._h = _core.Handoff(first, last, self.depth)
+        self._consumer_bell = self._h.consumer_bell  # rung by the producer when a batch is put
+        self._producer_bell = self._h.producer_bell  # rung by the consumer when it takes a step
         self._futures: collections.deque[Future] = collections.deque()  # work not yet done
         # a threaded source reads on its own thread: the producer only cuts sub-batches
         # out of its buffers, so it decodes them too, one thread hand-off fewer per step;
@@ -190,6 +156,24 @@ class EpochRun:
             self._thread = threading.Thread(target=self._produce, name=f"{name}-read", daemon=True)
             self._thread.start()
 
+    @property
+    def next_step(self) -> int:
+        """The next step to deliver."""
+        return int(self._h.next_step)
+
+    @property
+    def delivered(self) -> int:
+        """Batches delivered so far."""
+        return int(self._h.delivered)
+
+    @property
+    def _period(self) -> float:
+        return float(self._h.period)
+
+    @property
+    def _taken(self) -> int:
+        return int(self._h.taken)
+
     # -------------------------------------------------------------- producer
     def _wait_budget(self, step: int) -> bool:
         """Block until step is within *depth* of what the consumer took (it holds one).
@@ -203,18 +187,18 @@ class EpochRun:
         than the average, e.g. after a long one) or finds its batch missing; and when it
         is overdue by a period (it paused), this thread sleeps until it is rung.
         """
-        bell = self._producer_bell
-        while step - self._taken >= self.depth:
+        bell, h = self._producer_bell, self._h
+        while step - h.taken >= self.depth:
             if self._stop.is_set():
                 return False
-            period = self._period
-            due = self._taken_t + period * (step - self._taken - self.depth + 1)
+            period = h.period
+            due = h.taken_t + period * (step - h.taken - self.depth + 1)
             now = time.perf_counter()
             # a consumer overdue by a period paused (an evaluation, a checkpoint): it
             # rings when it is back, instead of this thread looking 16 times a period
             bell.urgent = period < _RING_BELOW_S or now > due + period
             bell.waiting = True
-            if step - self._taken < self.depth:  # re-check after raising the flag
+            if step - h.taken < self.depth:  # re-check after raising the flag
                 break
             if bell.urgent:
                 bell.wait(_POLL)
@@ -226,8 +210,14 @@ class EpochRun:
         return not self._stop.is_set()
 
     def _put(self, step: int, ok: bool, value: Any) -> None:
-        self._done[step] = (ok, value)
-        if self._consumer_bell.ring():
+        # what Loader._on_batch counts, taken here off the consumer's path
+        samples, nbytes = -1, 0
+        ids = getattr(value, "ids", None) if ok else None  # a transform may return another type
+        if ids is not None:
+            samples = len(ids)
+            counted = getattr(value, "nbytes", None)  # counted in the worker
+            nbytes = int(np.asarray(value.lengths).sum() if counted is None else counted)
+        if self._h.put(step, ok, value, samples, nbytes):
             _hand_gil()
 
     def _work(self, raw: RawBatch, step: int) -> None:
@@ -270,15 +260,13 @@ class EpochRun:
     def __next__(self) -> Any:
         # one frame for the ready batch of a read-ahead pass (docs/loader.md, "The
         # hand-over"): what a step costs the consumer grows with the memory it touches
-        step = self.next_step
+        h = self._h
+        step = h.next_step
         if self._closed or step >= self.last:
             self.close()
             raise StopIteration
         t0 = time.perf_counter()
-        # the consumer's step period (moving average), which paces a waiting producer
-        period = self._period + 0.25 * (t0 - self._taken_t - self._period)
-        self._period = period
-        self._taken_t = t0
+        h.tick(t0)  # the consumer's step period, which paces a waiting producer
         if self._inline:
             try:
                 batch = self.assemble(self.source.get(step), step)
@@ -288,16 +276,14 @@ class EpochRun:
             finally:
                 self.exposed_s += time.perf_counter() - t0
         else:
-            # the consumer is done with the previous batch: the producer may run one further
-            self._taken = step
-            bell = self._producer_bell
-            if bell.urgent or (bell.waiting and bell.wake_at - t0 > period / 8):
-                bell.ring()  # rung for; or the producer would look too late (a long step)
-            item = self._done.pop(step, None)
+            # the consumer is done with the previous batch: the producer may run one
+            # further (rung for, or rung when it would look too late: a long step)
+            h.release(step, t0)
+            item = h.pop(step)
             if item is None:
                 # not ready: the wait is exposed I/O (a ready batch's hand-over is not
                 # timed: the clock would cost as much as the hand-over itself)
-                bell.ring()  # the producer may be pacing itself: this step needs it now
+                self._producer_bell.ring()  # it may be pacing itself: this step needs it now
                 try:
                     item = self._wait_item(step, t0)
                 except BaseException:
@@ -309,8 +295,8 @@ class EpochRun:
             if not ok:
                 self.close()
                 raise batch
-        self.next_step = step + 1
-        self.delivered += 1
+        h.next_step = step + 1
+        h.delivered += 1
         return batch
 
     def _wait_item(self, step: int, t0: float) -> tuple[bool, Any]:
@@ -318,7 +304,7 @@ class EpochRun:
         try:
             while True:
                 bell.waiting = True
-                item = self._done.pop(step, None)  # re-check after raising the flag
+                item = self._h.pop(step)  # re-check after raising the flag
                 if item is not None:
                     return item
                 if self._closed:  # close() from another thread: this pass ends here
@@ -339,7 +325,7 @@ class EpochRun:
                 t = self._thread
                 if t is not None and not t.is_alive() and not self._pending():
                     # everything submitted has stored its result (done after _put)
-                    if step not in self._done:
+                    if not self._h.has(step):
                         raise FeedlineError("the loader's reader thread ended without a batch")
                     continue
                 bell.wait(_POLL)
@@ -361,6 +347,7 @@ class EpochRun:
             if self._closed:
                 return
             self._closed = True
+            self._h.closed = True  # Epoch's next() in C takes the long way from now on
         if os.getpid() != self._pid:
             # a child forked while this pass ran (its __del__ or the exit hooks): the
             # threads, the pool's workers and the source's reads exist in the parent
