@@ -7,6 +7,7 @@ closing a pass whose producer is pacing itself returns at once."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -260,7 +261,7 @@ def test_handoff_keeps_results_by_step_in_and_out_of_its_window():
     including steps far outside the ring (kept aside), and once only."""
     from feedline._core import Handoff
 
-    h = Handoff(10, 100, 2)
+    h = Handoff(10, 100, 2, _Bell(), _Bell())
     assert h.pop(10) is None and not h.has(10)
     err = ValueError("read failed")
     h.put(11, True, "b11", 3, 30)
@@ -303,8 +304,6 @@ def test_c_next_delivers_ready_batches_and_counts_them_like_python(tmp_path, mon
     """Loader passes are consumed through the C next(): it delivers every ready batch
     (the Python path runs only for the first call, waits and the end), and leaves the
     Loader's step, batch, sample and byte counts where the Python path leaves them."""
-    import sys
-
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
     from loader_common import make_records
 
@@ -351,8 +350,6 @@ def test_c_next_delivers_ready_batches_and_counts_them_like_python(tmp_path, mon
 def test_c_next_leaves_other_threads_and_replaced_passes_to_python(tmp_path):
     """What the Python next() refuses, the C next() refuses too: another thread than the
     pass's consumer, and a pass replaced by a newer iter()."""
-    import sys
-
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
     from loader_common import make_records
 
@@ -380,3 +377,61 @@ def test_c_next_leaves_other_threads_and_replaced_passes_to_python(tmp_path):
         with pytest.raises(ConcurrencyError, match="replaced"):
             next(it)
         assert next(it2).step == 2  # iter() mid-epoch goes on from where the epoch is
+
+
+def test_handoff_refuses_negative_steps_and_replaces_a_step_put_again():
+    from feedline._core import Bell, Handoff
+
+    h = Handoff(0, 10, 2, Bell(), Bell())
+    with pytest.raises(ValueError):
+        h.put(-1, True, "x")
+    assert h.pop(-1) is None and not h.has(-1)
+    h.put(3, True, "first")
+    h.put(3, True, "second")
+    assert h.held == 1 and h.pop(3) == (True, "second") and not h.has(3)
+
+
+def test_a_failed_pass_is_collected_with_what_it_held():
+    """Errors stored for steps never taken hold tracebacks whose frames hold the pass:
+    the garbage collector must see through the native Handoff to free the cycle (and
+    the source, whose buffers the pass may share)."""
+    import gc
+    import weakref
+
+    def assemble(raw, s):
+        if s >= 3:
+            raise ValueError(f"bad {s}")
+        return s
+
+    run = EpochRun(_Ready(), 0, 50, assemble, depth=6)
+    assert next(run) == 0
+    time.sleep(0.2)  # the producer has put its budget's worth, errors included
+    with pytest.raises(ValueError):
+        for _ in run:
+            pass
+    assert run._h.held >= 1  # errors of steps never taken
+    refs = [weakref.ref(run), weakref.ref(run.source)]
+    del run
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+
+
+def test_a_batch_the_producer_cannot_count_takes_the_python_path(tmp_path):
+    """A transform whose result has ids but no lengths: counting it fails on the
+    producer, so its next() takes the Python path, which raises there (as before)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
+    from loader_common import make_records
+
+    from feedline import Loader
+
+    class Odd:
+        ids = [1, 2]
+
+    ds, _ = make_records(str(tmp_path / "ds"), n=40, size=8, files=1)
+    with Loader(ds, batch_size=4, preset="async-db", transform=lambda b: Odd()) as loader:
+        it = iter(loader)
+        with pytest.raises(AttributeError):
+            next(it)
+        time.sleep(0.05)  # the next one is ready: still the Python path
+        with pytest.raises(AttributeError):
+            next(it)

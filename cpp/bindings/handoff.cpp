@@ -27,6 +27,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <ctime>
@@ -97,34 +98,43 @@ struct Item {
   std::int64_t step = -1;  // -1: empty
   bool ok = false;
   nb::object value;
-  std::int64_t samples = -1;  // len(batch.ids), -1 when the batch has no ids
+  std::int64_t samples = -1;  // len(batch.ids); -1: no ids; -2: not counted (Python path)
   std::int64_t nbytes = 0;
 };
 
 class Handoff {
  public:
-  Handoff(std::int64_t first, std::int64_t last, std::int64_t depth)
-      : first(first), last(last), next_step(first), taken(first), taken_t(now_s()) {
+  Handoff(std::int64_t first, std::int64_t last, std::int64_t depth, nb::object consumer,
+          nb::object producer)
+      : first(first), last(last), next_step(first), taken(first), taken_t(now_s()),
+        consumer_bell(*nb::cast<Bell*>(consumer)),
+        producer_bell(*nb::cast<Bell*>(producer)), bells_{std::move(consumer),
+                                                          std::move(producer)} {
+    // a slot per step the budget lets the producer be ahead (more spill into a map)
     std::size_t cap = 4;
-    while (cap < static_cast<std::size_t>(std::max<std::int64_t>(depth, 1)) + 2) cap <<= 1;
+    const auto want = static_cast<std::size_t>(std::clamp<std::int64_t>(depth, 1, 1024)) + 2;
+    while (cap < want) cap <<= 1;
     ring_.resize(cap);
   }
 
-  /// The producer: the batch (or exception) of *step*; true when it woke a consumer
-  /// that waited for it.
+  /// The producer: the batch (or exception) of *step* (a step put again replaces what
+  /// it held); true when it woke a consumer that waited for it.
   bool put(std::int64_t step, bool ok, nb::object value, std::int64_t samples,
            std::int64_t nbytes) {
-    Item& slot = ring_[index(step)];
+    if (step < 0) throw nb::value_error("Handoff.put: a step is >= 0");
     Item item{step, ok, std::move(value), samples, nbytes};
-    if (slot.step < 0) {
+    if (Item* held = find(step)) {
+      std::swap(*held, item);  // the old value is released when `item` goes
+    } else if (Item& slot = ring_[index(step)]; slot.step < 0) {
       slot = std::move(item);
     } else {
-      spill_[step] = std::move(item);  // never with the budget kept; correct anyway
+      spill_[step] = std::move(item);  // never while the budget is kept; correct anyway
     }
     return consumer_bell.ring(false);
   }
 
   Item* find(std::int64_t step) {
+    if (step < 0) return nullptr;
     Item& slot = ring_[index(step)];
     if (slot.step == step) return &slot;
     if (spill_.empty()) return nullptr;
@@ -135,12 +145,30 @@ class Handoff {
   /// Take *item* out (it was found by find()): its value.
   nb::object take(Item* item) {
     nb::object v = std::move(item->value);
-    if (item >= ring_.data() && item < ring_.data() + ring_.size()) {
-      item->step = -1;
+    Item& slot = ring_[index(item->step)];
+    if (&slot == item) {
+      slot.step = -1;
     } else {
       spill_.erase(item->step);  // item is not used after this
     }
     return v;
+  }
+
+  /// Drop every value held (releasing one may run a __del__ that calls back: the
+  /// containers are emptied first, the values released after).
+  void clear() {
+    std::vector<Item> ring(ring_.size());
+    std::unordered_map<std::int64_t, Item> spill;
+    ring_.swap(ring);
+    spill_.swap(spill);
+  }
+
+  /// Visit every value held (the garbage collector's traversal).
+  int traverse(visitproc visit, void* arg) const {
+    for (const Item& s : ring_) Py_VISIT(s.value.ptr());
+    for (const auto& kv : spill_) Py_VISIT(kv.second.value.ptr());
+    for (const nb::object& b : bells_) Py_VISIT(b.ptr());
+    return 0;
   }
 
   /// The consumer came for a step at *t0*: its step period (moving average), which
@@ -159,11 +187,6 @@ class Handoff {
     if (b.urgent || (b.waiting && b.wake_at - t0 > period / 8)) b.ring(false);
   }
 
-  void clear() {
-    for (Item& s : ring_) s = Item{};
-    spill_.clear();
-  }
-
   std::size_t held() const noexcept {
     std::size_t n = spill_.size();
     for (const Item& s : ring_) n += s.step >= 0;
@@ -175,8 +198,9 @@ class Handoff {
   double period = 0.0;
   double taken_t;
   bool closed = false;
-  Bell consumer_bell;  // rung by the producer when a batch is put
-  Bell producer_bell;  // rung by the consumer when it takes a step
+  Bell& consumer_bell;   // rung by the producer when a batch is put
+  Bell& producer_bell;   // rung by the consumer when it takes a step
+  nb::object bells_[2];  // the two Bell objects (held: their Python side owns them)
 
  private:
   std::size_t index(std::int64_t step) const noexcept {
@@ -246,7 +270,8 @@ struct PassIter {
     const std::int64_t step = h->next_step;
     if (h->closed || step >= h->last) return nullptr;
     Item* item = h->find(step);
-    if (item == nullptr || !item->ok) return nullptr;  // a wait, or an error to raise
+    // a wait, an error to raise, or a batch the producer could not count (-2)
+    if (item == nullptr || !item->ok || item->samples < -1) return nullptr;
     const double t0 = now_s();
     if (alarm_dict_.is_valid()) {
       PyObject* ad = alarm_dict_.ptr();
@@ -297,6 +322,22 @@ struct PassIter {
     return rc == 0;
   }
 
+  int traverse(visitproc visit, void* arg) const {
+    for (const nb::object* o :
+         {&loader_, &loader_dict_, &run_, &handoff_, &gate_obj_, &alarm_, &alarm_dict_})
+      Py_VISIT(o->ptr());
+    return 0;
+  }
+
+  void clear() {
+    h_ = nullptr;  // the fast path takes the long way from now on
+    gate_ = nullptr;
+    nb::object objs[] = {std::move(loader_),    std::move(loader_dict_), std::move(run_),
+                         std::move(handoff_),   std::move(gate_obj_),    std::move(alarm_),
+                         std::move(alarm_dict_)};
+    (void)objs;  // released here, after the members are empty
+  }
+
   nb::object loader_, loader_dict_, run_, handoff_, gate_obj_, alarm_, alarm_dict_;
   Handoff* h_ = nullptr;
   Gate* gate_ = nullptr;
@@ -317,7 +358,31 @@ PyObject* pass_iternext(PyObject* self) {
   return PyObject_CallMethodNoArgs(self, k_slow_next);
 }
 
-PyType_Slot pass_slots[] = {{Py_tp_iternext, reinterpret_cast<void*>(pass_iternext)}, {0, nullptr}};
+// The garbage collector sees what both types hold: a stored exception's traceback
+// reaches the frames of the pass, which hold the pass and so its Handoff (and an
+// Epoch's failure announced to peers reaches the Epoch): cycles it must be able to
+// break.
+template <class T>
+int traverse_of(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(nb::handle(self))) return 0;
+  return nb::inst_ptr<T>(nb::handle(self))->traverse(visit, arg);
+}
+
+template <class T>
+int clear_of(PyObject* self) {
+  if (nb::inst_ready(nb::handle(self))) nb::inst_ptr<T>(nb::handle(self))->clear();
+  return 0;
+}
+
+PyType_Slot pass_slots[] = {{Py_tp_iternext, reinterpret_cast<void*>(pass_iternext)},
+                            {Py_tp_traverse, reinterpret_cast<void*>(traverse_of<PassIter>)},
+                            {Py_tp_clear, reinterpret_cast<void*>(clear_of<PassIter>)},
+                            {0, nullptr}};
+
+PyType_Slot handoff_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(traverse_of<Handoff>)},
+                               {Py_tp_clear, reinterpret_cast<void*>(clear_of<Handoff>)},
+                               {0, nullptr}};
 
 PyObject* intern(const char* s) {
   PyObject* o = PyUnicode_InternFromString(s);
@@ -361,10 +426,13 @@ void register_handoff(nb::module_& m) {
       .def_ro("rings", &Bell::rings)
       .def_ro("waits", &Bell::waits);
 
-  nb::class_<Handoff>(m, "Handoff",
+  nb::class_<Handoff>(m, "Handoff", nb::type_slots(handoff_slots),
                       "Batches put by a pass's producer, by step (pipeline/runner.py).")
-      .def(nb::init<std::int64_t, std::int64_t, std::int64_t>(), nb::arg("first"), nb::arg("last"),
-           nb::arg("depth"))
+      .def(nb::init<std::int64_t, std::int64_t, std::int64_t, nb::object, nb::object>(),
+           nb::arg("first"), nb::arg("last"), nb::arg("depth"), nb::arg("consumer_bell"),
+           nb::arg("producer_bell"),
+           "A pass's hand-over from step first to last; the producer keeps at most depth "
+           "steps ahead; two Bell objects: the consumer's and the producer's.")
       .def("put", &Handoff::put, nb::arg("step"), nb::arg("ok"), nb::arg("value").none(),
            nb::arg("samples") = -1, nb::arg("nbytes") = 0,
            "Store step's result; True when it woke a consumer waiting for it.")
@@ -391,12 +459,8 @@ void register_handoff(nb::module_& m) {
       .def_rw("period", &Handoff::period)
       .def_rw("taken_t", &Handoff::taken_t)
       .def_rw("closed", &Handoff::closed)
-      .def_prop_ro(
-          "consumer_bell", [](Handoff& h) -> Bell& { return h.consumer_bell; },
-          nb::rv_policy::reference_internal)
-      .def_prop_ro(
-          "producer_bell", [](Handoff& h) -> Bell& { return h.producer_bell; },
-          nb::rv_policy::reference_internal);
+      .def_prop_ro("consumer_bell", [](const Handoff& h) { return h.bells_[0]; })
+      .def_prop_ro("producer_bell", [](const Handoff& h) { return h.bells_[1]; });
 
   nb::class_<Gate>(m, "Gate", "The Loader's one-consumer flag (acquire(False) / release()).")
       .def(nb::init<>())

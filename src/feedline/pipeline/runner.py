@@ -138,9 +138,9 @@ class EpochRun:
         # the batches put and not yet taken, the consumer's next step, the steps it took
         # (which free producer budget), its step period (a moving average that paces a
         # waiting producer) and both sides' bells
-        self._h = _core.Handoff(first, last, self.depth)
-        self._consumer_bell = self._h.consumer_bell  # rung by the producer when a batch is put
-        self._producer_bell = self._h.producer_bell  # rung by the consumer when it takes a step
+        self._consumer_bell = _core.Bell()  # rung by the producer when a batch is put
+        self._producer_bell = _core.Bell()  # rung by the consumer when it takes a step
+        self._h = _core.Handoff(first, last, self.depth, self._consumer_bell, self._producer_bell)
         self._futures: collections.deque[Future] = collections.deque()  # work not yet done
         # a threaded source reads on its own thread: the producer only cuts sub-batches
         # out of its buffers, so it decodes them too, one thread hand-off fewer per step;
@@ -210,13 +210,17 @@ class EpochRun:
         return not self._stop.is_set()
 
     def _put(self, step: int, ok: bool, value: Any) -> None:
-        # what Loader._on_batch counts, taken here off the consumer's path
+        # what Loader._on_batch counts, taken here off the consumer's path (-1: nothing to
+        # count; -2: counting failed, so the consumer takes the Python path, which raises)
         samples, nbytes = -1, 0
-        ids = getattr(value, "ids", None) if ok else None  # a transform may return another type
-        if ids is not None:
-            samples = len(ids)
-            counted = getattr(value, "nbytes", None)  # counted in the worker
-            nbytes = int(np.asarray(value.lengths).sum() if counted is None else counted)
+        try:
+            ids = getattr(value, "ids", None) if ok else None  # a transform may return another type
+            if ids is not None:
+                counted = getattr(value, "nbytes", None)  # counted in the worker
+                nbytes = int(np.asarray(value.lengths).sum() if counted is None else counted)
+                samples = len(ids)
+        except Exception:
+            samples, nbytes = -2, 0
         if self._h.put(step, ok, value, samples, nbytes):
             _hand_gil()
 
@@ -346,8 +350,8 @@ class EpochRun:
         with self._close_lock:  # two threads closing at once: one does the work
             if self._closed:
                 return
-            self._closed = True
             self._h.closed = True  # Epoch's next() in C takes the long way from now on
+            self._closed = True
         if os.getpid() != self._pid:
             # a child forked while this pass ran (its __del__ or the exit hooks): the
             # threads, the pool's workers and the source's reads exist in the parent
