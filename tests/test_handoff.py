@@ -115,20 +115,26 @@ def test_a_paused_consumer_costs_no_polling():
     run.close()
 
 
-def test_close_from_another_thread_ends_a_blocked_next():
-    """A consumer blocked in next() (a slow read, no timeout_s) when another thread
-    closes the pass gets StopIteration at once, not a wait for ever."""
-    run = EpochRun(_Ready(read_s=0.3), 0, 100, lambda raw, s: s, depth=2)
+def _next_in_thread(it):
+    """Call next(it) in a new thread; (the thread, the list its exception lands in)."""
     got: list[BaseException] = []
 
     def consume():
         try:
-            next(run)
+            next(it)
         except BaseException as e:
             got.append(e)
 
     t = threading.Thread(target=consume)
     t.start()
+    return t, got
+
+
+def test_close_from_another_thread_ends_a_blocked_next():
+    """A consumer blocked in next() (a slow read, no timeout_s) when another thread
+    closes the pass gets StopIteration at once, not a wait for ever."""
+    run = EpochRun(_Ready(read_s=0.3), 0, 100, lambda raw, s: s, depth=2)
+    t, got = _next_in_thread(run)
     time.sleep(0.05)
     run.close()
     t.join(2.0)
@@ -360,16 +366,7 @@ def test_c_next_leaves_other_threads_and_replaced_passes_to_python(tmp_path):
         it = iter(loader)
         next(it)
         time.sleep(0.05)  # the next batch is ready: the C path would deliver it
-        got: list[BaseException] = []
-
-        def other():
-            try:
-                next(it)
-            except BaseException as e:
-                got.append(e)
-
-        t = threading.Thread(target=other)
-        t.start()
+        t, got = _next_in_thread(it)
         t.join(5)
         assert len(got) == 1 and isinstance(got[0], ConcurrencyError)
         next(it)  # its own consumer goes on

@@ -168,11 +168,8 @@ class EpochRun:
 
     @property
     def _period(self) -> float:
+        """The consumer's step period, seconds (a moving average)."""
         return float(self._h.period)
-
-    @property
-    def _taken(self) -> int:
-        return int(self._h.taken)
 
     # -------------------------------------------------------------- producer
     def _wait_budget(self, step: int) -> bool:
