@@ -6,7 +6,7 @@
 //   Handoff    the batches the producer has put and not yet delivered, by step, and the
 //              consumer's pace (what EpochRun.__next__ updates at every step)
 //   Gate       the Loader's "one consumer at a time" flag (acquire(False) / release)
-//   PassIter  base of pipeline.passes.Epoch: next() of a ready batch in C
+//   PassIter   base of pipeline.passes.Epoch: next() of a ready batch in C
 //
 // Every method runs with the GIL held (only Bell.wait releases it while it sleeps):
 // the GIL orders the producer's put before the consumer's pop, as it ordered the dict
@@ -16,7 +16,7 @@
 // ready batch cost 26-42 us in Python (three frames touching the Loader, the pass, the
 // alarm and a dict) after a 2.9 ms training step, against ~4 us for a C iterator; the
 // consumer pays it at every step of every pass. PassIter's tp_iternext makes exactly
-// the checks Epoch.__next__ made, in the same order, reading the Loader's and the
+// the checks of Epoch._slow_next (the Python path), in the same order, reading the Loader's and the
 // alarm's attributes from their __dict__; whenever one of them is not the common case
 // (first call, another thread, a fork, a broken or replaced pass, the alarm due, no
 // ready batch, an error to raise, the end) it calls Epoch._slow_next(), the Python
