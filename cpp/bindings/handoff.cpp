@@ -16,11 +16,11 @@
 // ready batch cost 26-42 us in Python (three frames touching the Loader, the pass, the
 // alarm and a dict) after a 2.9 ms training step, against ~4 us for a C iterator; the
 // consumer pays it at every step of every pass. PassIter's tp_iternext makes exactly
-// the checks of Epoch._slow_next (the Python path), in the same order, reading the Loader's and the
-// alarm's attributes from their __dict__; whenever one of them is not the common case
-// (first call, another thread, a fork, a broken or replaced pass, the alarm due, no
-// ready batch, an error to raise, the end) it calls Epoch._slow_next(), the Python
-// version, which handles every case.
+// the checks of Epoch._slow_next (the Python path), in the same order, reading the
+// Loader's and the alarm's attributes from their __dict__; whenever one of them is not
+// the common case (first call, another thread, a fork, a broken or replaced pass, the
+// alarm due, no ready batch, an error to raise, the end) it calls Epoch._slow_next(),
+// which handles every case.
 #include <feedline/doorbell.hpp>
 
 #include <nanobind/nanobind.h>
