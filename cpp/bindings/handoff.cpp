@@ -106,7 +106,7 @@ class Handoff {
  public:
   Handoff(std::int64_t first, std::int64_t last, std::int64_t depth, nb::object consumer,
           nb::object producer)
-      : first(first), last(last), next_step(first), taken(first), taken_t(now_s()),
+      : last(last), next_step(first), taken(first), taken_t(now_s()),
         consumer_bell(*nb::cast<Bell*>(consumer)),
         producer_bell(*nb::cast<Bell*>(producer)), bells_{std::move(consumer),
                                                           std::move(producer)} {
@@ -193,7 +193,7 @@ class Handoff {
     return n;
   }
 
-  std::int64_t first, last, next_step, taken;
+  std::int64_t last, next_step, taken;
   std::int64_t delivered = 0;
   double period = 0.0;
   double taken_t;
@@ -451,7 +451,6 @@ void register_handoff(nb::module_& m) {
       .def("release", &Handoff::release, nb::arg("step"), nb::arg("t0"))
       .def("clear", &Handoff::clear, "Drop every batch held.")
       .def_prop_ro("held", &Handoff::held)
-      .def_ro("first", &Handoff::first)
       .def_ro("last", &Handoff::last)
       .def_rw("next_step", &Handoff::next_step)
       .def_ro("taken", &Handoff::taken)
