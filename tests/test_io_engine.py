@@ -592,3 +592,19 @@ def test_io_stage_knob_decides_which_node_reads_are_staged(tmp_path, monkeypatch
     monkeypatch.setenv("FEEDLINE_IO_STAGE", "sometimes")
     with pytest.raises(ConfigError, match="io_stage"):
         reader.stage_reads(files, "odirect")
+
+
+def test_result_is_kept_once_done_and_errors_raise_every_time(tmp_path):
+    """A window's reads are asked for at every step: the statistics are converted once;
+    a failed read raises at every call, never a stale success."""
+    paths, contents = make_files(tmp_path, [10_000])
+    with IOEngine(paths, threads=1) as eng:
+        buf = np.zeros(100, np.uint8)
+        fut = eng.submit(([0], [5], [100]), buf)
+        first = fut.result(timeout=10)
+        assert fut.result() is first and first.bytes == 100
+        assert buf.tobytes() == contents[0][5:105]
+        bad = eng.submit(([0], [9_950], [100]), np.zeros(100, np.uint8))
+        for _ in range(2):
+            with pytest.raises(CorruptDataError):
+                bad.result(timeout=10)

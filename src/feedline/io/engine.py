@@ -131,12 +131,13 @@ class Future:
     Thread-safe. Holds the destination buffer alive until the read is done.
     """
 
-    __slots__ = ("_impl", "_keep", "_release")
+    __slots__ = ("_impl", "_keep", "_release", "_stats")
 
     def __init__(self, impl: Any, keep: Any, release: Any = None) -> None:
         self._impl = impl
         self._keep = keep
         self._release = release  # tells the engine it may drop its reference to the buffer
+        self._stats: IOStats | None = None  # the result, once converted (it never changes)
 
     def done(self) -> bool:
         """True once the read finished, failed or was cancelled by ``close()``."""
@@ -172,9 +173,12 @@ class Future:
         RuntimeError
             The engine was closed before the read ran.
         """
+        if self._stats is not None:  # a window's reads are asked for at every step
+            return self._stats
         if not self.wait(timeout):
             raise TimeoutError(f"I/O not done after {timeout} s")
-        return IOStats._from_native(self._impl.result())
+        self._stats = IOStats._from_native(self._impl.result())
+        return self._stats
 
     def __repr__(self) -> str:
         return f"<feedline.io.Future {'done' if self.done() else 'pending'}>"
