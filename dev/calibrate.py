@@ -31,11 +31,11 @@ from feedline.plan.strategy import PRESETS
 from feedline.plan.world import WorldSpec
 from feedline_tools.bench.limit import drop_caches
 
-TERMS = ("latency", "transfer", "first_window", "coordination")
+TERMS = ("latency", "transfer", "first_window", "coordination", "cpu")
 
 
-def candidates(ds, world: WorldSpec, batch: int, cap: int, profile, top: int):
-    ch = choose(as_records(ds.index), world, batch, cap, profile)
+def candidates(ds, world: WorldSpec, batch: int, cap: int, profile, top: int, host=None):
+    ch = choose(as_records(ds.index), world, batch, cap, profile, host=host)
     ok = sorted((c for c in ch.candidates if not c.rejected), key=lambda c: c.cost)
     picked, seen = [ch.best], {(ch.best.unit, ch.best.tile_bytes, ch.best.window_steps)}
     for unit in ("rank", "node"):  # the best of each reader layout, then the cheapest others
@@ -67,16 +67,17 @@ def main() -> None:
     ds = open_dataset(args.dataset, comm=comm)
     probe = Loader(ds, args.batch, decode=False, profile=args.profile)
     world = WorldSpec(probe.world.size, probe.world.nodes)
+    host = probe.world.host  # this host's ranks and cores: the cpu term
     cap = probe._read_cap()
     profile = get_profile(args.profile, ds.files[0])
     probe.close()
-    ch, picked = candidates(ds, world, args.batch, cap, profile, args.top)
+    ch, picked = candidates(ds, world, args.batch, cap, profile, args.top, host)
     rows = []
     for c in picked:
         if world.nodes == world.size and c.unit == "node":
             continue
         strategy = PRESETS["feedline"].replace(auto=False, **c.knobs)
-        source = "node" if c.unit == "node" else "direct"
+        source = {"node": "node", "store": "store"}.get(c.unit, "direct")
         times = []
         with Loader(ds, args.batch, preset=strategy, source=source, decode=False) as ld:
             for _ in range(args.epochs):

@@ -414,3 +414,95 @@ def test_a_few_huge_records_do_not_shrink_the_windows():
             ids = np.concatenate([get(u, step) for step in r])
             assert len(ids) == len(set(ids.tolist())) <= len(r) * unit
             assert ln[ids].sum() <= rec.top_bytes(len(r) * unit)
+
+
+def test_the_cpu_term_counts_ranks_against_cores():
+    """The ``cpu`` term: one rank's delivery CPU when each rank has a core; the host's
+    work over its cores (at a lower efficiency) when ranks share cores; the storage's own
+    CPU on the host (the emulator's daemon) and decoding add to it. Every candidate pays
+    the same delivery, so the choice at scale does not move."""
+    from feedline.plan.cost import (
+        CPU_COPY_BW,
+        CPU_STEP_S,
+        DECODE_RECORD_S,
+        SHARED_CORE_EFFICIENCY,
+        cpu_s,
+        shape_of,
+    )
+
+    rec, world = FlatRecords(200_000, 3_000), WorldSpec(8, 4)
+    own = shape_of(rec, world, 2048, 625_000_000)  # a core per rank (the default)
+    steps = -(-200_000 // 2048)
+    per_rank = steps * CPU_STEP_S + 200_000 * 3_000 / 8 / CPU_COPY_BW
+    local = PROFILES["local"]
+    assert cpu_s(own, local, 6e8) == pytest.approx(per_rank)
+    shared = shape_of(rec, world, 2048, 625_000_000, host=(8, 2))  # 8 ranks, 2 cores
+    assert cpu_s(shared, local, 6e8) == pytest.approx(8 * per_rank / (2 * SHARED_CORE_EFFICIENCY))
+    # enough cores: as if each had its own; a daemon's CPU per byte read on the host
+    assert cpu_s(shape_of(rec, world, 2048, 625_000_000, host=(8, 16)), local, 0) == (
+        pytest.approx(per_rank)
+    )
+    daemon = dataclasses.replace(local, host_cpu_per_byte=1e-9)
+    assert cpu_s(shared, daemon, 6e8) == pytest.approx(
+        (8 * per_rank + 6e8 * 1e-9) / (2 * SHARED_CORE_EFFICIENCY)
+    )
+    dec = shape_of(rec, world, 2048, 625_000_000, record_cpu_s=DECODE_RECORD_S)
+    assert cpu_s(dec, local, 0) == pytest.approx(per_rank + 25_000 * DECODE_RECORD_S)
+    # every candidate (window plans and the store) carries it, and explain shows it
+    ch = choose(rec, world, 2048, 625_000_000, local, host=(8, 2), store=True)
+    assert all(c.terms["cpu"] > 0 for c in ch.candidates if not c.rejected)
+    assert "cpu" in ch.explain().splitlines()[2]
+    base = choose(rec, world, 2048, 625_000_000, local, store=True)
+    assert ch.best.cost > base.best.cost
+    # at the papers' scale a core per rank leaves the choice as it was
+    big = LmdbModel(50_000_000, 3072)
+    a = choose(big, WorldSpec(9216, 256), 18432, 2_500_000_000, "parallel")
+    b = choose(big, WorldSpec(9216, 256), 18432, 2_500_000_000, "parallel", host=(36, 36))
+    assert a.strategy == b.strategy
+
+
+def test_the_loader_and_plan_cli_price_the_hosts_cpu(tmp_path, capsys):
+    """A Loader gives the model its host (one process: 1 rank, its cores) and whether it
+    decodes; ``feedline plan --cores-per-node`` and ``--decode`` do the same for a job
+    planned elsewhere; the emulator's profile charges its daemon's CPU."""
+    from feedline.cli import main
+    from feedline.dataset import open_dataset
+    from feedline.io.profiles import _emulator_profile
+    from feedline_tools.make import generate
+
+    path = generate("cifar10-bin", str(tmp_path / "d"), samples=3000, progress=False)
+    ds = open_dataset(path, format="records", record_bytes=3073, label_bytes=1)
+    raw = Loader(ds, 100, seed=1, profile="local", decode=False)
+    dec = Loader(ds, 100, seed=1, profile="local", decode=True)
+    assert raw.world.host[0] == 1 and raw.world.host[1] >= 1
+    t_raw, t_dec = (x.stats()["plan_estimate_terms"]["cpu"] for x in (raw, dec))
+    assert t_dec == pytest.approx(t_raw + 3000 * 1e-6)
+    raw.close()
+    dec.close()
+    args = "plan --ranks 64 --nodes 2 --preset feedline --samples 200000 --sample-bytes 3072"
+    args += " --profile local --explain"
+    assert main(args.split()) == 0
+    own = capsys.readouterr().out
+    assert main([*args.split(), "--cores-per-node", "4", "--decode"]) == 0
+    few = capsys.readouterr().out
+
+    def chosen_cpu(text):
+        head = next(i for i, line in enumerate(text.splitlines()) if "cost s" in line)
+        cols = text.splitlines()[head].split()
+        row = next(line for line in text.splitlines() if line.startswith("* "))
+        return float(row.split()[-(len(cols) - cols.index("cpu"))])
+
+    assert chosen_cpu(few) > 8 * chosen_cpu(own)
+    emu = _emulator_profile(
+        {
+            "params": {
+                "server_mbps": 1000,
+                "latency_us": 100,
+                "node_mbps": 1000,
+                "aggregate_mbps": 2000,
+                "server_concurrency": 4,
+                "servers": 4,
+            }
+        }
+    )
+    assert emu["host_cpu_per_byte"] > 0

@@ -256,7 +256,7 @@ class Loader:
         """Resolve the ``feedline`` preset with the cost model (plan/cost.py): who reads
         (every rank, or one reader per node into a shared window), tiles and windows, or
         the DeepIO store (``store="auto"``). Pure: every rank agrees."""
-        from .plan.cost import choose, get_profile
+        from .plan.cost import DECODE_RECORD_S, choose, get_profile
         from .plan.world import WorldSpec
         from .sources.store_plan import checked_choice, store_unavailable
 
@@ -275,9 +275,21 @@ class Loader:
         records, spec = self._records, WorldSpec(self.world.size, self.world.nodes)
         args = (records, spec, self.batch_size, self._read_cap(), prof)
 
+        host = self.world.host  # the cost model's cpu term: ranks against cores
+        rec_cpu = DECODE_RECORD_S if self.decode else 0.0
+
         def pick(why: bool | str):
             e = self.options.epochs
-            return choose(*args, base=base, aggregate=aggregate, units=units, store=why, epochs=e)
+            return choose(
+                *args,
+                base=base,
+                aggregate=aggregate,
+                units=units,
+                store=why,
+                epochs=e,
+                host=host,
+                record_cpu_s=rec_cpu,
+            )
 
         self.choice = checked_choice(pick, store, self._index, args, self.seed, base.store)
         self.strategy = self.choice.strategy

@@ -40,6 +40,12 @@ if world.is_leader:
     assert world.leader_comm.Get_size() == expect_M and world.leader_comm.Get_rank() == world.node
 else:
     assert world.leader_comm is None
+# the host: every rank of this job runs on this one machine, whatever nodes are emulated
+# (the cost model's cpu term: ranks against the union of their cores)
+import os  # noqa: E402
+
+assert world.host_ranks == P
+assert world.host_cores == len(set().union(*comm.allgather(set(os.sched_getaffinity(0)))))
 assert world.expand_path("/mnt/node{node}/db") == f"/mnt/node{world.node}/db"
 assert world.expand_path(["a{node}", "b"]) == [f"a{world.node}", "b"]
 

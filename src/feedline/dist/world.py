@@ -471,6 +471,14 @@ class Token:
         self._sends.clear()
 
 
+def _affinity() -> set[int]:
+    """The cores this process may run on."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return set(range(os.cpu_count() or 1))
+
+
 class World:
     """The job: ranks, nodes, node/leader communicators and polite waiting.
 
@@ -500,6 +508,9 @@ class World:
         self.node_size = node_comm.Get_size() if node_comm is not None else 1
         self.leader_comm = leader_comm
         self.emulated = emulated
+        #: ranks of this job on this host (its shared-memory domain, whatever nodes are
+        #: emulated) and the cores they may run on: the cost model's ``cpu`` term
+        self.host_ranks, self.host_cores = 1, len(_affinity())
         # tokens travel on their own communicator so their tags never meet the user's
         self._token_comm: Any = comm.Dup() if comm is not None else None
         #: the failure channel every wait polls (:mod:`feedline.dist.alarm`); None
@@ -534,6 +545,8 @@ class World:
         P, rank = comm.Get_size(), comm.Get_rank()
         M = int(nodes if nodes is not None else defaults.get("nodes"))
         shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        # startup only: the host's ranks and the union of the cores they may run on
+        host = (shared.Get_size(), len(set().union(*shared.allgather(_affinity()))))
         if M > 0:
             if M > P:
                 raise ConfigError(f"cannot emulate {M} nodes with {P} ranks (nodes <= ranks)")
@@ -562,6 +575,7 @@ class World:
         if leader_comm == MPI.COMM_NULL:
             leader_comm = None
         world = cls(comm, nodes=M, node_comm=node_comm, leader_comm=leader_comm, emulated=emulated)
+        world.host_ranks, world.host_cores = host
         if alarm and P > 1:
             world.alarm = Alarm(comm)
             register_alarm(world.alarm)

@@ -63,6 +63,22 @@ class LoaderWorld:
     def ranks_per_node(self) -> int:
         return len(self.spec.ranks_of(self.node))
 
+    @property
+    def host(self) -> tuple[int, int]:
+        """``(ranks, cores)`` of this host: the job's ranks that share its cores (its
+        shared-memory domain, whatever nodes are emulated) and the cores they may run
+        on (the cost model's ``cpu`` term)."""
+        if self.dist is not None and hasattr(self.dist, "host_ranks"):
+            return int(self.dist.host_ranks), int(self.dist.host_cores)
+        import os
+
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - non-Linux
+            cores = os.cpu_count() or 1
+        # without MPI (one process, or torch.distributed): a node's ranks share a host
+        return (self.ranks_per_node if self.size > 1 else 1), max(1, cores)
+
     def close(self) -> None:
         """Release the MPI World's resources (windows); the communicator stays the user's."""
         if self.dist is not None and hasattr(self.dist, "close"):

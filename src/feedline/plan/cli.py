@@ -78,6 +78,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="epochs the job will read, for the feedline preset's cost model (the Loader's "
         "epochs=; default unknown: the DeepIO store is weighed over 3)",
     )
+    p.add_argument(
+        "--cores-per-node",
+        type=int,
+        default=None,
+        help="cores of a node, for the cost model's cpu term (default: one per rank, a "
+        "cluster's placement; fewer than the node's ranks makes them take turns)",
+    )
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="the Loader decodes the records (decode=True): the cpu term counts it",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-' = stdout)")
@@ -131,9 +143,13 @@ def compute(args) -> dict[str, Any]:
     cap = None if args.memory_cap is None else int(args.memory_cap)
     from .. import defaults
     from ..sources.store_plan import checked_choice
-    from .cost import choose, get_profile
+    from .cost import DECODE_RECORD_S, choose, get_profile
 
     profile = get_profile(getattr(args, "profile", None), args.path)
+    per_node = -(-args.ranks // max(args.nodes, 1))
+    cores = getattr(args, "cores_per_node", None)
+    host = (per_node, int(cores)) if cores else None
+    rec_cpu = DECODE_RECORD_S if getattr(args, "decode", False) else 0.0
     rows = []
     choice = None
     for name in names:
@@ -143,7 +159,15 @@ def compute(args) -> dict[str, Any]:
             cargs = (records, world, batch, int(defaults.get("memory_cap")) if cap is None else cap)
 
             def pick(why, base=strategy, cargs=cargs):
-                return choose(*cargs, profile, base=base, epochs=args.epochs, store=why)
+                return choose(
+                    *cargs,
+                    profile,
+                    base=base,
+                    epochs=args.epochs,
+                    store=why,
+                    host=host,
+                    record_cpu_s=rec_cpu,
+                )
 
             # with a dataset, the store's exact slots are checked as the Loader does
             choice = checked_choice(pick, True, index, cargs, args.seed, strategy.store)

@@ -80,6 +80,17 @@ def node_reader_options(options, world, per_node: int, profile=None):
 
 #: the engine splits longer extents into requests of this size (defaults.io_chunk_mib)
 ENGINE_CHUNK = 8 * _MiB
+#: the CPU a rank spends delivering an epoch, besides waiting for reads (the ``cpu``
+#: term; measured on this 2-core VM, one process and 4 ranks: docs/planner.md, "The
+#: host's CPU"): per step (the hand-over, the step's plan, the batch's objects) ...
+CPU_STEP_S = 1e-4
+#: ... per byte of the batches it assembles (one copy of every record out of its buffer)
+CPU_COPY_BW = 2e9
+#: ... and per record decoded (``decode=True``: a Caffe ``Datum``'s parse, a row's copy)
+DECODE_RECORD_S = 1e-6
+#: the share of a core's time a rank's work gets when more ranks than cores share a host
+#: (switches between them, caches lost): 4 and 8 ranks on this VM's 2 cores
+SHARED_CORE_EFFICIENCY = 0.65
 #: coordination costs (seconds), calibrated on this machine (docs/planner.md)
 COORD = {
     "rank": {"step": 5e-6, "window": 2e-4},
@@ -109,6 +120,9 @@ class StorageProfile:
     #: server slot and the throughput holds (the storage emulator's servers), so only
     #: the slots' seek time is charged
     contention: str = "collapse"
+    #: CPU seconds the storage costs the reading host per byte read, beyond the reader's
+    #: own (a storage daemon on the same host, like the storage emulator's: its copies)
+    host_cpu_per_byte: float = 0.0
     shared_cache: str = "node"
     fs_type: str = ""
     source: str = "default"
@@ -255,6 +269,11 @@ class Shape:
     batch: int
     cap: int
     top: Any = field(default=None, compare=False, repr=False)  # records.top_bytes(records, .)
+    #: ranks that share one host's cores, and those cores (0: a node's ranks, a core each)
+    host_ranks: int = 0
+    host_cores: int = 0
+    #: CPU seconds per record besides its copy (decoding: :data:`DECODE_RECORD_S`)
+    record_cpu_s: float = 0.0
 
     def top_bytes(self, k: int) -> int:
         """The most bytes of *k* records (without ``top``: k x the longest)."""
@@ -363,7 +382,39 @@ def span_ratio(records) -> float:
     return ratio
 
 
-def shape_of(records, world: WorldSpec, batch_size: int, memory_cap: int) -> Shape:
+def cpu_s(sh: Shape, profile: StorageProfile, read_bytes: float) -> float:
+    """The ``cpu`` term: the seconds one host's cores take for what its ranks do in an
+    epoch besides waiting (per step :data:`CPU_STEP_S`, the batches' copy at
+    :data:`CPU_COPY_BW`, ``record_cpu_s`` per record), plus the storage's own CPU on the
+    host (``profile.host_cpu_per_byte`` of the host's share of *read_bytes*, the bytes
+    the job reads in the epoch). With a core per rank this is one rank's CPU; with more
+    ranks than cores (a laptop, or this VM) the ranks take turns on the cores, each
+    core doing :data:`SHARED_CORE_EFFICIENCY` of its work."""
+    P = max(sh.ranks, 1)
+    ranks = max(1, min(sh.host_ranks or -(-P // max(sh.nodes, 1)), P))
+    cores = sh.host_cores or ranks
+    per_rank = (
+        max(sh.steps, 1) * CPU_STEP_S
+        + sh.n * sh.mean_len / P / CPU_COPY_BW
+        + sh.n / P * sh.record_cpu_s
+    )
+    host = ranks * per_rank + read_bytes * ranks / P * profile.host_cpu_per_byte
+    if ranks <= cores:
+        return host / ranks
+    return host / (max(cores, 1) * SHARED_CORE_EFFICIENCY)
+
+
+def shape_of(
+    records,
+    world: WorldSpec,
+    batch_size: int,
+    memory_cap: int,
+    host: tuple[int, int] | None = None,
+    record_cpu_s: float = 0.0,
+) -> Shape:
+    """The model's view of the job; *host* is ``(ranks, cores)`` of one host (None: a
+    node's ranks, each with its core)."""
+    hr, hc = host or (0, 0)
     return Shape(
         n=int(records.n),
         mean_len=float(records.mean_length) or 1.0,
@@ -374,6 +425,9 @@ def shape_of(records, world: WorldSpec, batch_size: int, memory_cap: int) -> Sha
         batch=int(batch_size),
         cap=int(memory_cap),
         top=partial(top_bytes, records),
+        host_ranks=int(hr),
+        host_cores=int(hc),
+        record_cpu_s=float(record_cpu_s),
     )
 
 
@@ -497,6 +551,7 @@ def estimate(
         "transfer": max(t_bw, t_agg, t_srv),
         "first_window": lat + wb * int(sizes[0]) / w / per_reader_bw,
         "coordination": sh.steps * COORD[unit]["step"] + nw * COORD[unit]["window"],
+        "cpu": cpu_s(sh, profile, sh.file_bytes),
     }
     est.knobs = {
         "region": unit,
@@ -561,7 +616,7 @@ class Choice:
             f"{sh.mean_len:.0f} B (file {sh.file_bytes / 1e9:.2f} GB), memory cap "
             f"{sh.cap / 1e9:.2f} GB per node",
             f"{'':2}{'candidate':<58}{'cost s':>9}{'latency':>9}{'transfer':>9}{'1st win':>9}"
-            f"{'serve':>8}{'coord':>8}{'requests':>11}{'mean read':>11}{'regions':>9}{'RL':>6}",
+            f"{'serve':>8}{'coord':>8}{'cpu':>8}{'requests':>11}{'mean read':>11}{'regions':>9}{'RL':>6}",
         ]
         ok = [c for c in self.candidates if not c.rejected]
         ok.sort(key=lambda c: c.cost)
@@ -575,6 +630,7 @@ class Choice:
             lines.append(
                 f"{mark} {c.label():<58}{c.cost:>9.3f}{t['latency']:>9.3f}{t['transfer']:>9.3f}"
                 f"{t['first_window']:>9.3f}{t.get('serve', 0.0):>8.3f}{t['coordination']:>8.3f}"
+                f"{t.get('cpu', 0.0):>8.3f}"
                 f"{c.requests:>11.0f}{_fmt(c.mean_read):>11}{c.regions_per_batch:>9.0f}{rl:>6}"
             )
         rej = [c for c in self.candidates if c.rejected and c.unit != "store"]
@@ -682,6 +738,8 @@ def choose(
     units: tuple[str, ...] | None = None,
     store: bool | str = True,
     epochs: int | None = None,
+    host: tuple[int, int] | None = None,
+    record_cpu_s: float = 0.0,
 ) -> Choice:
     """The cheapest plan for this job: a ``window`` plan, or the DeepIO store when
     ``base.store`` lets it be one (see the module docstring).
@@ -714,13 +772,18 @@ def choose(
         :data:`~feedline.plan.store_cost.EPOCH_HORIZON`. For a job that reads its data
         once (``epochs=1``) the store's load is the whole epoch's cost, so it wins only
         where loading beats reading windows.
+    host : (int, int), optional
+        Ranks on one host and that host's cores, for the ``cpu`` term (None: a node's
+        ranks, a core each: a cluster's usual placement).
+    record_cpu_s : float
+        CPU seconds per record besides its copy (the Loader's decoding).
     """
     from .store_cost import EPOCH_HORIZON, FRACTIONS, store_candidate
     from .strategy import PRESETS
 
     base = base or PRESETS["feedline"]
     prof = get_profile(profile)
-    sh = shape_of(records, world, batch_size, memory_cap)
+    sh = shape_of(records, world, batch_size, memory_cap, host, record_cpu_s)
     if units:
         who = list(units)
     else:

@@ -36,6 +36,7 @@ from .cost import (
     Shape,
     StorageProfile,
     contention_factor,
+    cpu_s,
     server_busy_s,
 )
 from .rl import ramp_floor, rl_memory, round_cuts
@@ -65,7 +66,6 @@ class Fabric:
 
     get_latency_s: float = 2e-5
     node_bw: float = 5e9
-    copy_bw: float = 4e9  # memcpy from this rank's or its node's memory, per rank
     collective_s: float = 1e-4  # one small allgather of the store's, per log2(P)
     #: first touch of the store's fresh memory (page faults and zeroing of the window),
     #: per rank, paid once by the Loader's first epoch: 0.35-3 GB/s here
@@ -189,8 +189,8 @@ def store_estimate(
     remote_frac = 0.0 if mode == "opportunistic" else (P - ranks_on_node) / P
     remote = payload * remote_frac
     gets = 0.0 if mode == "opportunistic" else steps * P * min(P - ranks_on_node, B / P)
-    t_serve = (payload - remote) / (fabric.copy_bw * P) + remote / (fabric.node_bw * M)
-    t_serve += gets / P * fabric.get_latency_s
+    # the copy of every record into its batch is the ``cpu`` term's, as for a window plan
+    t_serve = remote / (fabric.node_bw * M) + gets / P * fabric.get_latency_s
     est.requests = reqs
     est.bytes = disk if loads else 0.0
     est.readers = P
@@ -202,6 +202,7 @@ def store_estimate(
         "first_window": first,
         "serve": t_serve,
         "coordination": (2 * rounds if loads else 0) * fabric.collective_s * max(1.0, math.log2(P)),
+        "cpu": cpu_s(sh, profile, disk if loads else 0.0),
     }
     est.knobs = {
         "assignment": "memory",
