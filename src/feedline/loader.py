@@ -275,21 +275,12 @@ class Loader:
         records, spec = self._records, WorldSpec(self.world.size, self.world.nodes)
         args = (records, spec, self.batch_size, self._read_cap(), prof)
 
-        host = self.world.host  # the cost model's cpu term: ranks against cores
-        rec_cpu = DECODE_RECORD_S if self.decode else 0.0
+        kw: dict[str, Any] = {"host": self.world.host}  # the cpu term: ranks vs cores
+        kw["record_cpu_s"] = DECODE_RECORD_S if self.decode else 0.0
+        kw |= {"base": base, "aggregate": aggregate, "units": units, "epochs": self.options.epochs}
 
         def pick(why: bool | str):
-            e = self.options.epochs
-            return choose(
-                *args,
-                base=base,
-                aggregate=aggregate,
-                units=units,
-                store=why,
-                epochs=e,
-                host=host,
-                record_cpu_s=rec_cpu,
-            )
+            return choose(*args, store=why, **kw)
 
         self.choice = checked_choice(pick, store, self._index, args, self.seed, base.store)
         self.strategy = self.choice.strategy
