@@ -149,7 +149,7 @@ def test_plan_shows_what_the_loader_runs_when_the_stores_slots_overflow(uneven):
     args = build_parser().parse_args([*argv, "--profile", "parallel"])
     out = compute(args)
     assert out["choice"]["strategy"] | {"read": None} == ran
-    assert "not a candidate (memory cap: the store's slots need" in out["_explain"]
+    assert "not a candidate (memory cap: the store's slots and read buffers need" in out["_explain"]
 
 
 @pytest.mark.parametrize(("R", "gap"), [(1.0, 0), (1.0, 64), (0.25, 1 << 20)])
@@ -690,3 +690,24 @@ def test_place_shares_is_each_shares_own_coalesce(P, gap, file_order):
         assert np.array_equal(src[sel], c.src), (k, gap)
     if gap == 5000:
         assert fallback > 0  # the record-by-record path was exercised
+
+
+def test_store_memory_counts_the_bounce_buffers_of_its_direct_loads(cifar):
+    """A share's merged reads start at records' offsets, which ``O_DIRECT`` reads through
+    each engine thread's bounce buffer: the store's estimate counts them (they once ran a
+    1-process store 3% over the cap it accepted: tests/test_memory_sweep.py), and the
+    chooser's exact check (``store_overflow``) counts them before the store is taken."""
+    from feedline.pipeline.reader import BOUNCE_BYTES
+    from feedline.sources.store_plan import store_overflow
+
+    est = {}
+    for read in ("odirect", "pread"):
+        with Loader(cifar, 70, preset="deepio-ordered", read=read, io_threads=3) as ld:
+            est[read] = ld.memory_estimate()["source"]
+    assert est["odirect"] - est["pread"] == 3 * BOUNCE_BYTES
+    with Loader(cifar, 70, source="store") as ld:
+        args = (ld._records, ld.world.spec, 70, ld.memory_estimate()["source"], None)
+        # its own estimate fits; the same less one bounce buffer does not
+        assert store_overflow(ld._index, ld.strategy, args, ld.seed) == ""
+        short = (*args[:3], args[3] - BOUNCE_BYTES, None)
+        assert "slots and read buffers" in store_overflow(ld._index, ld.strategy, short, ld.seed)

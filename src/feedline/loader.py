@@ -274,7 +274,6 @@ class Loader:
         store = store_unavailable(self.world, explicit_source, mine) or True
         records, spec = self._records, WorldSpec(self.world.size, self.world.nodes)
         args = (records, spec, self.batch_size, self._read_cap(), prof)
-
         kw: dict[str, Any] = {"host": self.world.host}  # the cpu term: ranks vs cores
         kw["record_cpu_s"] = DECODE_RECORD_S if self.decode else 0.0
         kw |= {"base": base, "aggregate": aggregate, "units": units, "epochs": self.options.epochs}
@@ -282,7 +281,8 @@ class Loader:
         def pick(why: bool | str):
             return choose(*args, store=why, **kw)
 
-        self.choice = checked_choice(pick, store, self._index, args, self.seed, base.store)
+        threads = self.options.io_threads  # the store's bounce buffers (store_overflow)
+        self.choice = checked_choice(pick, store, self._index, args, self.seed, base.store, threads)
         self.strategy = self.choice.strategy
         if mine:  # knobs the user set win over the model's choice
             # one of a pair sizes the same thing in other units: the model's other goes

@@ -105,6 +105,9 @@ DIRECT_BLOCK = 4096
 
 #: the most an engine thread's staging buffer holds (``kStageBytes`` in io_engine.cpp)
 STAGE_BYTES = 4 << 20
+#: the most an engine thread's bounce buffer holds (``kBounceBytes``, and its alignment):
+#: an ``odirect`` read of an extent that is not block-aligned goes through it
+BOUNCE_BYTES = (1 << 20) + DIRECT_BLOCK
 #: file systems on a local block device: there an ``O_DIRECT`` read is one request per few
 #: hundred pages of its destination (the queue's ``max_segments``), so a read into 4 KiB
 #: pages becomes several requests where one into huge pages stays one
@@ -255,6 +258,12 @@ class ExtentReader:
         """The most each thread's staging buffer holds when a reader of *files* into
         shared memory stages (:func:`stage_reads`; 0 when it does not)."""
         return STAGE_BYTES if stage_reads(files, method) else 0
+
+    @staticmethod
+    def bounce_bytes(method: str, threads: int) -> int:
+        """The most the engine's bounce buffers hold, all *threads* together, for reads
+        of extents that are not block-aligned (``odirect`` only; 0 otherwise)."""
+        return int(threads) * BOUNCE_BYTES if method == "odirect" else 0
 
     def submit(self, reads: ReadList, buf: np.ndarray) -> Any:
         """Start reading *reads* into *buf*; ``result()`` raises the typed error on failure,

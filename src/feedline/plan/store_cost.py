@@ -66,7 +66,6 @@ class Fabric:
 
     get_latency_s: float = 2e-5
     node_bw: float = 5e9
-    copy_bw: float = 4e9  # memcpy from this rank's or its node's memory, per rank
     collective_s: float = 1e-4  # one small allgather of the store's, per log2(P)
     #: first touch of the store's fresh memory (page faults and zeroing of the window),
     #: per rank, paid once by the Loader's first epoch: 0.35-3 GB/s here
@@ -190,11 +189,8 @@ def store_estimate(
     remote_frac = 0.0 if mode == "opportunistic" else (P - ranks_on_node) / P
     remote = payload * remote_frac
     gets = 0.0 if mode == "opportunistic" else steps * P * min(P - ranks_on_node, B / P)
-    # its copies from local memory stay priced here too, although the ``cpu`` term also
-    # counts every record's copy for every candidate: the bias toward window plans the
-    # store's choices were measured with (docs/planner.md, "The host's CPU")
-    t_serve = (payload - remote) / (fabric.copy_bw * P) + remote / (fabric.node_bw * M)
-    t_serve += gets / P * fabric.get_latency_s
+    # the copy of every record into its batch is the ``cpu`` term's, as for a window plan
+    t_serve = remote / (fabric.node_bw * M) + gets / P * fabric.get_latency_s
     est.requests = reqs
     est.bytes = disk if loads else 0.0
     est.readers = P

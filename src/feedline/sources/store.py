@@ -179,7 +179,10 @@ class StoreSource(Source):
         return c
 
     def memory_bytes(self, plan) -> int:
-        return int(self._sizing(plan)[1].sum())
+        # the slots, and the engine's bounce buffers: a share's merged reads start at
+        # records' offsets, which O_DIRECT reads through them (4 MiB at 4 threads)
+        bounce = ExtentReader.bounce_bytes(plan.strategy.read, self.ctx.options.io_threads)
+        return int(self._sizing(plan)[1].sum()) + bounce
 
     # -------------------------------------------------------------- protocol
     def _key(self, r: int, stage: int) -> int:

@@ -315,14 +315,21 @@ def store_unavailable(world, explicit_source: str | None, window_knobs: dict[str
     return ""
 
 
-def checked_choice(pick, store: bool | str, index, choose_args: tuple, seed: int, asked: str):
+def checked_choice(
+    pick, store: bool | str, index, choose_args: tuple, seed: int, asked: str, threads: int = 0
+):
     """The cost model's choice (``pick(store)``, :func:`~feedline.plan.cost.choose`),
     checked against the store's exact slots when *index* is known (:func:`store_overflow`):
     over the cap, the model chooses again without the store (*asked* ``"auto"``), or a
     store asked for (``"ordered"``, ``"opportunistic"``) raises :class:`ConfigError`.
-    What the Loader runs and what ``feedline plan DATASET`` shows."""
+    What the Loader runs and what ``feedline plan DATASET`` shows. *threads*: the I/O
+    threads of the store's reader (0: the default), whose bounce buffers count too."""
     choice = pick(store)
-    over = store_overflow(index, choice.strategy, choose_args, seed) if index is not None else ""
+    over = (
+        store_overflow(index, choice.strategy, choose_args, seed, threads)
+        if index is not None
+        else ""
+    )
     if over and asked == "auto":  # the closed form was short: windows only
         return pick(over)
     if over:
@@ -330,22 +337,29 @@ def checked_choice(pick, store: bool | str, index, choose_args: tuple, seed: int
     return choice
 
 
-def store_overflow(index, strategy, choose_args: tuple, seed: int) -> str:
+def store_overflow(index, strategy, choose_args: tuple, seed: int, threads: int = 0) -> str:
     """When the cost model chose the store (*strategy*; *choose_args* are ``choose``'s
     records, world, batch size, cap per node): "" when its exact slots (holes and the
-    largest shares included) fit the cap, else why not (the model assumes equal
-    shares)."""
+    largest shares included) and its reader's bounce buffers (*threads* I/O threads, 0:
+    the default; the store loads with ``odirect`` unless told otherwise, and a knob set
+    later is not known here, so they are always counted) fit the cap, else why not (the
+    model assumes equal shares)."""
     if strategy.store not in ("ordered", "opportunistic"):
         return ""
+    from .. import defaults
+    from ..pipeline.reader import ExtentReader
     from ..plan.plan import make_plan
     from ..units import format_bytes
 
+    threads = threads or int(defaults.get("io_threads"))
+    reserve = ExtentReader.bounce_bytes("odirect", threads)
+
     records, world, batch, cap = choose_args[:4]
     plan = make_plan(records, world, strategy, seed, 0, batch, memory_cap=cap)
-    need = -(-world.size // world.nodes) * store_bytes(index, plan, world.size)
+    need = -(-world.size // world.nodes) * (store_bytes(index, plan, world.size) + reserve)
     if need <= cap:
         return ""
     return (
-        f"memory cap: the store's slots need {format_bytes(need)} per node, over the "
+        f"memory cap: the store's slots and read buffers need {format_bytes(need)} per node, over the "
         f"{format_bytes(cap)} left of the cap for reading"
     )
