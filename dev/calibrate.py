@@ -4,6 +4,7 @@ constants (docs/planner.md, "Calibration").
 
     mpiexec -n 4 python dev/calibrate.py DATASET [--profile P] [--top 6] [--epochs 2]
         [--batch 1024] [--json OUT]
+    python dev/calibrate.py DATASET --cpu [--json OUT]     # the cpu term's constants
 
 DATASET may hold ``{node}`` (the node views of ``feedline emulate up``; set
 ``FEEDLINE_NODES``). For the ``feedline`` preset's candidate plans (the cost model's
@@ -13,6 +14,14 @@ dropped before each epoch); the script prints the model's estimate term by term 
 the measured epoch, how well the estimate ranks the candidates (Spearman), and the
 multipliers of each term that fit the measurements best (least squares, non-negative):
 a multiplier of 2 on ``latency`` says this storage's latency is twice the profile's.
+
+``--cpu`` measures the ``cpu`` term's constants instead (``CPU_STEP_S``, ``CPU_COPY_BW``,
+``DECODE_RECORD_S`` in src/feedline/plan/cost.py): the dataset is read into the page
+cache, then epochs at several batch sizes are timed with reads that cost no storage time
+(``profile="memory"``, the store off); the fit ``epoch = steps x step_s + bytes /
+copy_bw`` (each epoch less the model's own I/O terms for it) gives the first two, and
+the same epochs decoded give the third. Run it with
+as many ranks as cores to measure one rank's CPU (``mpiexec -n 2`` or alone).
 """
 
 from __future__ import annotations
@@ -54,6 +63,52 @@ def candidates(ds, world: WorldSpec, batch: int, cap: int, profile, top: int, ho
     return ch, picked
 
 
+def measure_cpu(ds, comm, batches=(64, 256, 2048), epochs: int = 3) -> dict:
+    """The cpu term's constants from warm epochs (module docstring, ``--cpu``)."""
+    from feedline.plan.cost import CPU_COPY_BW, CPU_STEP_S, DECODE_RECORD_S
+
+    def best_epoch(batch: int, decode: bool) -> tuple[float, int, float]:
+        """(median epoch less the model's I/O terms, steps, bytes per rank)"""
+        with Loader(ds, batch, decode=decode, profile="memory", store="off") as ld:
+            io_s = sum(v for k, v in ld.choice.best.terms.items() if k != "cpu")
+            times, nbytes, steps = [], 0, 0
+            for e in range(epochs + 1):  # the first warms the page cache and the heap
+                ld.set_epoch(e)
+                comm.Barrier()
+                t, nbytes, steps = time.perf_counter(), 0, 0
+                for b in ld:
+                    nbytes += int(np.asarray(b.lengths).sum())
+                    steps += 1
+                comm.Barrier()
+                if e:
+                    times.append(time.perf_counter() - t)
+        return float(np.median(times)) - io_s, steps, float(comm.allreduce(nbytes)) / comm.size
+
+    raw = {b: best_epoch(b, False) for b in batches}
+    A = np.array([[steps, nb] for _, steps, nb in raw.values()], dtype=float)
+    y = np.array([t for t, _, _ in raw.values()])
+    (step_s, byte_s), *_ = np.linalg.lstsq(A, y, rcond=None)
+    mid = batches[len(batches) // 2]
+    dec_t = best_epoch(mid, True)[0]
+    records = len(ds) / comm.size
+    fit = {
+        "CPU_STEP_S": max(float(step_s), 0.0),
+        "CPU_COPY_BW": 1.0 / byte_s if byte_s > 0 else float("inf"),
+        "DECODE_RECORD_S": max(dec_t - raw[mid][0], 0.0) / records,
+    }
+    return {
+        "ranks": comm.size,
+        "epochs_raw_s": {str(b): v[0] for b, v in raw.items()},
+        "epoch_decoded_s": {str(mid): dec_t},
+        "fit": fit,
+        "model": {
+            "CPU_STEP_S": CPU_STEP_S,
+            "CPU_COPY_BW": CPU_COPY_BW,
+            "DECODE_RECORD_S": DECODE_RECORD_S,
+        },
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dataset")
@@ -62,9 +117,21 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cpu", action="store_true", help="measure the cpu term's constants")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     ds = open_dataset(args.dataset, comm=comm)
+    if args.cpu:
+        doc = measure_cpu(ds, comm)
+        if comm.rank == 0:
+            for k, v in doc["fit"].items():
+                print(f"{k:<16} measured {v:10.3g}   model {doc['model'][k]:10.3g}")
+            raw = {k: round(v, 3) for k, v in doc["epochs_raw_s"].items()}
+            print("epochs less their I/O terms, s (raw, by batch):", raw)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(doc, f, indent=1)
+        return
     probe = Loader(ds, args.batch, decode=False, profile=args.profile)
     world = WorldSpec(probe.world.size, probe.world.nodes)
     host = probe.world.host  # this host's ranks and cores: the cpu term
