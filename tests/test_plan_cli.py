@@ -200,3 +200,27 @@ def test_sampled_windows_stand_for_the_whole_epoch(preset, monkeypatch):
     exact = plan_stats(plan, preset)
     for key in ("ops_per_reader", "bytes_per_reader", "payload_bytes_total"):
         assert got[key] == pytest.approx(exact[key], rel=0.02), key
+
+
+def test_calibrate_cpu_measures_the_cpu_terms_constants(tmp_path):
+    """``dev/calibrate.py DATASET --cpu``: timed warm epochs at three batch sizes give the
+    cpu term's constants, printed next to the model's (docs/planner.md, "Calibration")."""
+    import math
+    import os
+    import subprocess
+    import sys
+
+    from feedline_tools.make import generate
+
+    data = generate("cifar10-large", str(tmp_path / "c"), samples=3000, progress=False)
+    out = tmp_path / "cpu.json"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "dev", "calibrate.py"), data, "--cpu"]
+    proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["fit"]) == {"CPU_STEP_S", "CPU_COPY_BW", "DECODE_RECORD_S"} == set(doc["model"])
+    assert all(math.isfinite(v) or k == "CPU_COPY_BW" for k, v in doc["fit"].items())
+    assert all(v >= 0 for v in doc["fit"].values())
+    assert set(doc["epochs_raw_s"]) == {"64", "256", "2048"}
+    assert "CPU_STEP_S" in proc.stdout and "model" in proc.stdout
