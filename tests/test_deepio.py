@@ -19,6 +19,7 @@ from feedline.plan.store_cost import (
     LOAD_UNIT_BYTES,
     MAX_LOAD_ROUNDS,
     load_rounds_for,
+    store_bounce_per_node,
     store_candidate,
     store_estimate,
 )
@@ -117,7 +118,9 @@ def test_store_estimate_terms():
     cuts = round_cuts(units, round(units / K), ramp_floor(256, g))
     assert first.knobs["chunk"] == g and first.windows_per_unit == len(cuts) - 1 > K
     assert not first.rejected and first.terms["first_window"] > 0 and first.bytes > 0
-    touch = first.memory_per_node * 4 / 8 / FABRIC.touch_bw
+    bounce = store_bounce_per_node(sh)  # 2 ranks a node, 4 threads each, 1 MiB + 4 KiB
+    assert bounce == 2 * 4 * ((1 << 20) + 4096)
+    touch = (first.memory_per_node - bounce) * 4 / 8 / FABRIC.touch_bw
     rest = first.terms["latency"] + first.terms["transfer"]
     share = (cuts[1] - cuts[0]) / units
     assert share < 1 / K / 2
@@ -135,7 +138,7 @@ def test_store_estimate_terms():
     assert overlapped == pytest.approx(half.terms["first_window"], rel=1e-9)
     # 2R = 1, + 2%; a progressive R = 1 keeps its K slots, + 2%
     assert half.memory_per_node == pytest.approx(later.memory_per_node)
-    assert later.memory_per_node == pytest.approx(1.02 * sh.n * sh.mean_len * sh.span / 4)
+    assert later.memory_per_node == pytest.approx(1.02 * sh.n * sh.mean_len * sh.span / 4 + bounce)
     assert opp.figures["remote_gets"] == 0 < later.figures["remote_gets"]
     assert opp.terms["serve"] < later.terms["serve"]
     assert (
@@ -155,7 +158,7 @@ def test_store_estimate_terms():
     assert cand.requests == first.requests and cand.bytes == first.bytes  # the load
     window = estimate(sh, prof, "rank", 8 << 20, 0)
     assert set(window.terms) <= set(later.terms) and window.cost > 0
-    small_cap = shape_of(rec, WorldSpec(8, 4), 256, 10_000_000)
+    small_cap = shape_of(rec, WorldSpec(8, 4), 256, 20_000_000)  # with 8 MiB of bounce
     assert "memory cap" in store_estimate(small_cap, prof, 1.0).rejected
     assert not store_estimate(small_cap, prof, 0.02).rejected
 

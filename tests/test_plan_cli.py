@@ -212,6 +212,7 @@ def test_calibrate_cpu_measures_the_cpu_terms_constants(tmp_path):
 
     from feedline_tools.make import generate
 
+    pytest.importorskip("mpi4py")  # the script's import (an extra; installed by dev/setup)
     data = generate("cifar10-large", str(tmp_path / "c"), samples=3000, progress=False)
     out = tmp_path / "cpu.json"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

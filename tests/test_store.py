@@ -139,7 +139,9 @@ def test_plan_shows_what_the_loader_runs_when_the_stores_slots_overflow(uneven):
     # left for reading: the payload. R = 1 needs the file's span (1.45x), R = 0.25 by the
     # model's equal shares 0.74x, by its slots for any seed 1.3x
     # (a parallel file system: its latency makes the store's few large reads win)
-    cap = payload + fixed
+    from feedline.io.engine import BOUNCE_BYTES
+
+    cap = payload + fixed + 4 * BOUNCE_BYTES  # and the store reader's 4 bounce buffers
     with Loader(ds, 64, decode=False, memory_cap=cap, profile="parallel") as ld:
         s = ld.stats()
         assert s["source"] == "direct" and "memory cap: the store's slots" in s["plan_store"]

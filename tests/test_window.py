@@ -416,11 +416,13 @@ def test_a_few_huge_records_do_not_shrink_the_windows():
             assert ln[ids].sum() <= rec.top_bytes(len(r) * unit)
 
 
-def test_the_cpu_term_counts_ranks_against_cores():
-    """The ``cpu`` term: one rank's delivery CPU when each rank has a core; the host's
-    work over its cores (at a lower efficiency) when ranks share cores; the storage's own
-    CPU on the host (the emulator's daemon) and decoding add to it. Every candidate pays
-    the same delivery, so the choice at scale does not move."""
+def test_the_cpu_term_counts_ranks_against_cores(monkeypatch):
+    """The ``cpu`` term: one rank's delivery CPU when each rank has a core (the storage's
+    CPU may take spare cores); the host's work over its cores, at a falling efficiency,
+    when ranks share cores; decoding adds. Every candidate pays the same delivery, so the
+    choice at scale does not move."""
+    from feedline.dist.world import _busier
+    from feedline.plan import cost, store_cost
     from feedline.plan.cost import (
         CPU_COPY_BW,
         CPU_STEP_S,
@@ -436,35 +438,55 @@ def test_the_cpu_term_counts_ranks_against_cores():
     per_rank = steps * CPU_STEP_S + 200_000 * 3_000 / 8 / CPU_COPY_BW
     local = PROFILES["local"]
     assert cpu_s(own, local, 6e8) == pytest.approx(per_rank)
-    shared = shape_of(rec, world, 2048, 625_000_000, host=(8, 2))  # 8 ranks, 2 cores
-    assert cpu_s(shared, local, 6e8) == pytest.approx(8 * per_rank / (2 * SHARED_CORE_EFFICIENCY))
-    # enough cores: as if each had its own; a daemon's CPU per byte read on the host
-    assert cpu_s(shape_of(rec, world, 2048, 625_000_000, host=(8, 16)), local, 0) == (
-        pytest.approx(per_rank)
-    )
+
+    def on(ranks, cores, **kw):
+        return shape_of(rec, world, 2048, 625_000_000, host=(ranks, cores), **kw)
+
+    # 8 ranks on 2 cores: the host's work over 2 cores at the lowest efficiency
+    assert cpu_s(on(8, 2), local, 6e8) == pytest.approx(8 * per_rank / (2 * SHARED_CORE_EFFICIENCY))
+    # 3 ranks on 2 cores: half way down; it never falls as ranks are added
+    eff3 = 1 - (1 - SHARED_CORE_EFFICIENCY) * 0.5
+    assert cpu_s(on(3, 2), local, 0) == pytest.approx(3 * per_rank / (2 * eff3))
+    seq = [cpu_s(on(r, 2), local, 0) for r in range(1, 9)]
+    assert seq == sorted(seq) and seq[0] == seq[1] == pytest.approx(per_rank)
+    # enough cores: as if each had its own
+    assert cpu_s(on(8, 16), local, 0) == pytest.approx(per_rank)
+    # the storage's CPU on the host (the emulator's daemon): the host's share of the bytes
+    # read; one rank on 2 cores lets the daemon run on the other
     daemon = dataclasses.replace(local, host_cpu_per_byte=1e-9)
-    assert cpu_s(shared, daemon, 6e8) == pytest.approx(
+    assert cpu_s(on(8, 2), daemon, 6e8) == pytest.approx(
         (8 * per_rank + 6e8 * 1e-9) / (2 * SHARED_CORE_EFFICIENCY)
     )
+    one = shape_of(rec, WorldSpec(1), 2048, 625_000_000, host=(1, 2))
+    one_rank = steps * CPU_STEP_S + 6e8 / CPU_COPY_BW
+    assert cpu_s(one, daemon, 6e8) == pytest.approx(max(one_rank, (one_rank + 0.6) / 2))
     dec = shape_of(rec, world, 2048, 625_000_000, record_cpu_s=DECODE_RECORD_S)
     assert cpu_s(dec, local, 0) == pytest.approx(per_rank + 25_000 * DECODE_RECORD_S)
-    # every candidate (window plans and the store) carries it, and explain shows it
+    # every candidate (window plans and the store) carries it, and explain shows it and
+    # the host it assumed
     ch = choose(rec, world, 2048, 625_000_000, local, host=(8, 2), store=True)
     assert all(c.terms["cpu"] > 0 for c in ch.candidates if not c.rejected)
-    assert "cpu" in ch.explain().splitlines()[2]
-    base = choose(rec, world, 2048, 625_000_000, local, store=True)
-    assert ch.best.cost > base.best.cost
-    # at the papers' scale a core per rank leaves the choice as it was
+    assert ch.best.terms["cpu"] == pytest.approx(cpu_s(on(8, 2), local, 0))
+    lines = ch.explain().splitlines()
+    assert "cpu" in next(x for x in lines if "cost s" in x).split()
+    assert "cpu term: 8 ranks per host on 2 cores (ranks take turns)" in lines
+    assert ch.to_dict()["host"] == {"ranks": 8, "cores": 2, "record_cpu_s": 0.0}
+    # at the papers' scale the term leaves the choice as it was without it
     big = LmdbModel(50_000_000, 3072)
     a = choose(big, WorldSpec(9216, 256), 18432, 2_500_000_000, "parallel")
-    b = choose(big, WorldSpec(9216, 256), 18432, 2_500_000_000, "parallel", host=(36, 36))
-    assert a.strategy == b.strategy
+    assert a.best.terms["cpu"] > 0
+    monkeypatch.setattr(cost, "cpu_s", lambda *_: 0.0)
+    monkeypatch.setattr(store_cost, "cpu_s", lambda *_: 0.0)
+    b = choose(big, WorldSpec(9216, 256), 18432, 2_500_000_000, "parallel")
+    assert b.best.terms["cpu"] == 0.0 and a.strategy == b.strategy
+    # the World's host is the busiest of the job's (every rank chooses from the same)
+    assert max([(3, 2), (4, 2), (3, 4), (4, 4)], key=_busier) == (4, 2)
 
 
 def test_the_loader_and_plan_cli_price_the_hosts_cpu(tmp_path, capsys):
     """A Loader gives the model its host (one process: 1 rank, its cores) and whether it
-    decodes; ``feedline plan --cores-per-node`` and ``--decode`` do the same for a job
-    planned elsewhere; the emulator's profile charges its daemon's CPU."""
+    decodes; ``feedline plan --ranks-per-host R --cores-per-node C --decode`` does the
+    same for a job planned elsewhere; the emulator's profile charges its daemon's CPU."""
     from feedline.cli import main
     from feedline.dataset import open_dataset
     from feedline.io.profiles import _emulator_profile
@@ -472,28 +494,36 @@ def test_the_loader_and_plan_cli_price_the_hosts_cpu(tmp_path, capsys):
 
     path = generate("cifar10-bin", str(tmp_path / "d"), samples=3000, progress=False)
     ds = open_dataset(path, format="records", record_bytes=3073, label_bytes=1)
-    raw = Loader(ds, 100, seed=1, profile="local", decode=False)
-    dec = Loader(ds, 100, seed=1, profile="local", decode=True)
-    assert raw.world.host[0] == 1 and raw.world.host[1] >= 1
-    t_raw, t_dec = (x.stats()["plan_estimate_terms"]["cpu"] for x in (raw, dec))
-    assert t_dec == pytest.approx(t_raw + 3000 * 1e-6)
-    raw.close()
-    dec.close()
+    terms = {}
+    for dec in (False, True):
+        with Loader(ds, 100, seed=1, profile="local", decode=dec) as ld:
+            assert ld.world.host[0] == 1 and ld.world.host[1] >= 1
+            terms[dec] = ld.stats()["plan_estimate_terms"]["cpu"]
+    assert terms[True] == pytest.approx(terms[False] + 3000 * 1e-6)
     args = "plan --ranks 64 --nodes 2 --preset feedline --samples 200000 --sample-bytes 3072"
     args += " --profile local --explain"
     assert main(args.split()) == 0
     own = capsys.readouterr().out
     assert main([*args.split(), "--cores-per-node", "4", "--decode"]) == 0
     few = capsys.readouterr().out
+    # 8 emulated nodes on one 2-core machine, as a Loader under FEEDLINE_NODES sees them
+    emu = "plan --ranks 8 --nodes 4 --preset feedline --samples 200000 --sample-bytes 3072"
+    assert main([*emu.split(), "--explain", "--ranks-per-host", "8", "--cores-per-node", "2"]) == 0
+    shared = capsys.readouterr().out
 
     def chosen_cpu(text):
-        head = next(i for i, line in enumerate(text.splitlines()) if "cost s" in line)
-        cols = text.splitlines()[head].split()
-        row = next(line for line in text.splitlines() if line.startswith("* "))
+        lines = text.splitlines()
+        cols = next(x for x in lines if "cost s" in x).split()
+        row = next(x for x in lines if x.startswith("* "))
         return float(row.split()[-(len(cols) - cols.index("cpu"))])
 
     assert chosen_cpu(few) > 8 * chosen_cpu(own)
-    emu = _emulator_profile(
+    assert "32 ranks per host on 4 cores (ranks take turns), decoding" in few
+    assert "8 ranks per host on 2 cores" in shared
+    for bad in ("0", "-2"):
+        with pytest.raises(SystemExit):
+            main([*args.split(), "--cores-per-node", bad])
+    emu_profile = _emulator_profile(
         {
             "params": {
                 "server_mbps": 1000,
@@ -505,4 +535,4 @@ def test_the_loader_and_plan_cli_price_the_hosts_cpu(tmp_path, capsys):
             }
         }
     )
-    assert emu["host_cpu_per_byte"] > 0
+    assert emu_profile["host_cpu_per_byte"] > 0

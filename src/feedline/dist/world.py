@@ -471,6 +471,11 @@ class Token:
         self._sends.clear()
 
 
+def _busier(host: tuple[int, int]) -> tuple[float, int, int]:
+    """Order of hosts ``(ranks, cores)`` by load: ranks per core, then ranks, then cores."""
+    return (host[0] / max(host[1], 1), host[0], -host[1])
+
+
 def _affinity() -> set[int]:
     """The cores this process may run on."""
     try:
@@ -484,8 +489,10 @@ class World:
 
     Build it with :meth:`from_comm`. Attributes: ``comm`` (None when single-process),
     ``rank``, ``size``, ``node``, ``nodes``, ``node_rank``, ``node_size``, ``node_comm``,
-    ``leader_comm`` (None on non-leaders), ``emulated`` and ``spec`` (a
-    :class:`~feedline.plan.world.WorldSpec`).
+    ``leader_comm`` (None on non-leaders), ``emulated``, ``spec`` (a
+    :class:`~feedline.plan.world.WorldSpec`), ``host_ranks`` and ``host_cores`` (the
+    busiest host's ranks and cores, the same on every rank: the cost model's ``cpu``
+    term).
     """
 
     def __init__(
@@ -508,8 +515,9 @@ class World:
         self.node_size = node_comm.Get_size() if node_comm is not None else 1
         self.leader_comm = leader_comm
         self.emulated = emulated
-        #: ranks of this job on this host (its shared-memory domain, whatever nodes are
-        #: emulated) and the cores they may run on: the cost model's ``cpu`` term
+        #: ranks of this job on a host (a shared-memory domain, whatever nodes are
+        #: emulated) and the cores they may run on, of the job's busiest host (every rank
+        #: sees the same): the cost model's ``cpu`` term
         self.host_ranks, self.host_cores = 1, len(_affinity())
         # tokens travel on their own communicator so their tags never meet the user's
         self._token_comm: Any = comm.Dup() if comm is not None else None
@@ -575,7 +583,8 @@ class World:
         if leader_comm == MPI.COMM_NULL:
             leader_comm = None
         world = cls(comm, nodes=M, node_comm=node_comm, leader_comm=leader_comm, emulated=emulated)
-        world.host_ranks, world.host_cores = host
+        # the busiest host (it sets the epoch), the same on every rank: the plan's input
+        world.host_ranks, world.host_cores = max(comm.allgather(host), key=_busier)
         if alarm and P > 1:
             world.alarm = Alarm(comm)
             register_alarm(world.alarm)

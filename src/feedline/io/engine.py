@@ -37,6 +37,10 @@ from ..errors import ConfigError
 METHODS = ("pread", "odirect", "mmap", "pread-random")
 _MiB = 1 << 20
 _WAIT_SLICE_S = 0.05  # waits are sliced so that Ctrl-C reaches a blocked caller
+#: the most a thread's bounce buffer holds (``kBounceBytes`` in io_engine.cpp, and a
+#: block of alignment): an ``odirect`` read of an extent that is not block-aligned goes
+#: through it, so a reader of unaligned extents holds this much per thread
+BOUNCE_BYTES = (1 << 20) + 4096
 _KEPT: list[tuple[Any, Any]] = []  # destinations of abandoned reads (IOEngine.abandon)
 
 

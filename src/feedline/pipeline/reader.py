@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _core, defaults
 from ..errors import ConfigError, StorageTimeoutError
-from ..io.engine import IOEngine
+from ..io.engine import BOUNCE_BYTES, IOEngine
 from ..plan.extents import merge_extents
 
 
@@ -105,9 +105,8 @@ DIRECT_BLOCK = 4096
 
 #: the most an engine thread's staging buffer holds (``kStageBytes`` in io_engine.cpp)
 STAGE_BYTES = 4 << 20
-#: the most an engine thread's bounce buffer holds (``kBounceBytes``, and its alignment):
-#: an ``odirect`` read of an extent that is not block-aligned goes through it
-BOUNCE_BYTES = (1 << 20) + DIRECT_BLOCK
+
+
 #: file systems on a local block device: there an ``O_DIRECT`` read is one request per few
 #: hundred pages of its destination (the queue's ``max_segments``), so a read into 4 KiB
 #: pages becomes several requests where one into huge pages stays one

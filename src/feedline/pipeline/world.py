@@ -76,8 +76,10 @@ class LoaderWorld:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:  # pragma: no cover - non-Linux
             cores = os.cpu_count() or 1
-        # without MPI (one process, or torch.distributed): a node's ranks share a host
-        return (self.ranks_per_node if self.size > 1 else 1), max(1, cores)
+        # without MPI (one process, or torch.distributed): a node's ranks share a host;
+        # each may be bound to cores of its own (a launcher's per-task binding)
+        ranks = self.ranks_per_node if self.size > 1 else 1
+        return ranks, max(1, cores, min(os.cpu_count() or 1, cores * ranks))
 
     def close(self) -> None:
         """Release the MPI World's resources (windows); the communicator stays the user's."""

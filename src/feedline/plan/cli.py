@@ -29,6 +29,16 @@ def _size(text: str) -> int:
     return parse_bytes(text, "--memory-cap")
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "plan",
@@ -80,15 +90,24 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cores-per-node",
-        type=int,
+        type=_positive,
         default=None,
-        help="cores of a node, for the cost model's cpu term (default: one per rank, a "
-        "cluster's placement; fewer than the node's ranks makes them take turns)",
+        help="cores of a host, for the cost model's cpu term (default: one per rank, a "
+        "cluster's placement; fewer than the host's ranks makes them take turns)",
+    )
+    p.add_argument(
+        "--ranks-per-host",
+        type=_positive,
+        default=None,
+        help="ranks sharing one host's cores (default: a node's; all --ranks for emulated "
+        "nodes on one machine, as a Loader under FEEDLINE_NODES counts them)",
     )
     p.add_argument(
         "--decode",
-        action="store_true",
-        help="the Loader decodes the records (decode=True): the cpu term counts it",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the Loader decodes the records, which the cpu term counts (default: "
+        "the dataset's choice with PATH, raw bytes without)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
@@ -105,6 +124,7 @@ def _records(args):
         opts = {"record_bytes": args.record_bytes} if args.record_bytes else {}
         ds = open_dataset(args.path, format=getattr(args, "format", None), **opts)
         idx = ds.index
+        args._decodes = bool(getattr(ds, "decodes", False))  # the Loader's default decode
         return as_records(idx), f"{args.path} ({ds.format}, {len(idx)} records)", idx
     if not args.samples:
         raise ConfigError("give a dataset PATH or --samples N (with --sample-bytes, --layout)")
@@ -146,10 +166,13 @@ def compute(args) -> dict[str, Any]:
     from .cost import DECODE_RECORD_S, choose, get_profile
 
     profile = get_profile(getattr(args, "profile", None), args.path)
-    per_node = -(-args.ranks // max(args.nodes, 1))
-    cores = getattr(args, "cores_per_node", None)
-    host = (per_node, int(cores)) if cores else None
-    rec_cpu = DECODE_RECORD_S if getattr(args, "decode", False) else 0.0
+    per_host = getattr(args, "ranks_per_host", None) or -(-args.ranks // max(args.nodes, 1))
+    cores = getattr(args, "cores_per_node", None) or per_host
+    host = (min(per_host, args.ranks), cores)
+    decode = getattr(args, "decode", None)
+    if decode is None:  # a Loader's default: the dataset's choice
+        decode = bool(getattr(args, "_decodes", False))
+    rec_cpu = DECODE_RECORD_S if decode else 0.0
     rows = []
     choice = None
     for name in names:

@@ -3,10 +3,11 @@
 
 ``choose(records, world, batch_size, memory_cap, profile)`` estimates, for every
 candidate plan of the ``window`` assignment (who reads: every rank or one reader per
-node; tile size; window size), the epoch's I/O time on the given storage profile —
+node; tile size; window size), the epoch's time on the given storage profile —
 requests x latency, bytes / bandwidth under the concurrency the plan creates, a
 contention factor when the job's streams outnumber what the servers serve well, the
-first window (exposed before the first batch), coordination per step and per window —
+first window (exposed before the first batch), coordination per step and per window,
+the ranks' own CPU against the host's cores (:func:`cpu_s`) —
 plus its memory per node, randomization level and how many places of the file a global
 batch draws from. The ``feedline`` preset is the cheapest candidate that fits the memory
 cap, reaches the RL floor and mixes (>= ``MIX_REGIONS`` tiles per global batch, or every
@@ -235,26 +236,34 @@ def span_ratio(records) -> float:
     return ratio
 
 
+def host_of(sh: Shape) -> tuple[int, int]:
+    """``(ranks, cores)`` of the host the ``cpu`` term prices (default: a node's ranks,
+    a core each)."""
+    ranks = max(1, min(sh.host_ranks or -(-sh.ranks // max(sh.nodes, 1)), max(sh.ranks, 1)))
+    return ranks, max(1, sh.host_cores or ranks)
+
+
 def cpu_s(sh: Shape, profile: StorageProfile, read_bytes: float) -> float:
     """The ``cpu`` term: the seconds one host's cores take for what its ranks do in an
     epoch besides waiting (per step :data:`CPU_STEP_S`, the batches' copy at
     :data:`CPU_COPY_BW`, ``record_cpu_s`` per record), plus the storage's own CPU on the
     host (``profile.host_cpu_per_byte`` of the host's share of *read_bytes*, the bytes
-    the job reads in the epoch). With a core per rank this is one rank's CPU; with more
-    ranks than cores (a laptop, or this VM) the ranks take turns on the cores, each
-    core doing :data:`SHARED_CORE_EFFICIENCY` of its work."""
+    the job reads in the epoch). With a core per rank this is one rank's CPU (the
+    storage's CPU may use spare cores); with more ranks than cores (a laptop, or this
+    VM) the ranks take turns on the cores, which then do less work each: down to
+    :data:`SHARED_CORE_EFFICIENCY` of it at twice as many ranks as cores."""
     P = max(sh.ranks, 1)
-    ranks = max(1, min(sh.host_ranks or -(-P // max(sh.nodes, 1)), P))
-    cores = sh.host_cores or ranks
+    ranks, cores = host_of(sh)
     per_rank = (
         max(sh.steps, 1) * CPU_STEP_S
         + sh.n * sh.mean_len / P / CPU_COPY_BW
         + sh.n / P * sh.record_cpu_s
     )
     host = ranks * per_rank + read_bytes * ranks / P * profile.host_cpu_per_byte
-    if ranks <= cores:
-        return host / ranks
-    return host / (max(cores, 1) * SHARED_CORE_EFFICIENCY)
+    # from 1 (a core each) down to SHARED_CORE_EFFICIENCY at twice as many ranks as cores
+    over = min(1.0, max(0, ranks - cores) / max(cores, 1))
+    eff = 1.0 - (1.0 - SHARED_CORE_EFFICIENCY) * over
+    return max(per_rank, host / (max(cores, 1) * eff))
 
 
 def shape_of(
@@ -468,6 +477,14 @@ class Choice:
             f"job: {sh.ranks} ranks on {sh.nodes} nodes, batch {sh.batch}, {sh.n} samples of "
             f"{sh.mean_len:.0f} B (file {sh.file_bytes / 1e9:.2f} GB), memory cap "
             f"{sh.cap / 1e9:.2f} GB per node",
+            f"cpu term: {host_of(sh)[0]} ranks per host on {host_of(sh)[1]} cores"
+            + (" (ranks take turns)" if host_of(sh)[0] > host_of(sh)[1] else "")
+            + (f", decoding {sh.record_cpu_s * 1e6:.2g} us per record" if sh.record_cpu_s else "")
+            + (
+                f", storage CPU {p.host_cpu_per_byte * 1e9:.2g} ns per byte on the host"
+                if p.host_cpu_per_byte
+                else ""
+            ),
             f"{'':2}{'candidate':<58}{'cost s':>9}{'latency':>9}{'transfer':>9}{'1st win':>9}"
             f"{'serve':>8}{'coord':>8}{'cpu':>8}{'requests':>11}{'mean read':>11}{'regions':>9}{'RL':>6}",
         ]
@@ -560,8 +577,10 @@ class Choice:
         return lines
 
     def to_dict(self) -> dict[str, Any]:
+        hr, hc = host_of(self.shape)
         return {
             "profile": self.profile.to_dict(),
+            "host": {"ranks": hr, "cores": hc, "record_cpu_s": self.shape.record_cpu_s},
             "store_off": self.store_off,
             "chosen": self.best.to_dict(),
             "strategy": self.strategy.to_dict(),

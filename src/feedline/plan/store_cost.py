@@ -13,8 +13,10 @@ Terms (seconds per epoch, the keys of ``Estimate.terms``): ``first_window`` (the
 round's load, exposed before the first batch: with R = 1 the whole load; in the first
 epoch also the first touch of the store's memory), ``latency`` and
 ``transfer`` of the other rounds' loads (overlapped with serving the rounds before them;
-zero when R = 1), ``serve`` (memory copies and remote gets), and ``coordination`` (two
-collectives per round); with R = 1 the epochs after the first read nothing. Each load is
+zero when R = 1), ``serve`` (remote gets and the bytes they bring), ``coordination``
+(two collectives per round) and ``cpu`` (the ranks' delivery, every record's copy
+included, as for a window plan: :func:`~feedline.plan.cost.cpu_s`); with R = 1 the
+epochs after the first read nothing. Each load is
 counted once. Pure: no I/O, no MPI.
 
 :func:`store_candidate` is what :func:`~feedline.plan.cost.choose` compares with the
@@ -111,16 +113,27 @@ def load_rounds_for(sh: Shape, rl_floor: float) -> tuple[int, int]:
     return (K, g) if K > 1 else (0, 0)
 
 
+def store_bounce_per_node(sh: Shape) -> int:
+    """The store readers' ``O_DIRECT`` bounce buffers on a node: :data:`READER_DEPTH`
+    engine threads a rank, each with one (a share's merged reads start at records'
+    offsets, not at block boundaries)."""
+    from ..io.engine import BOUNCE_BYTES
+
+    return -(-max(sh.ranks, 1) // max(sh.nodes, 1)) * READER_DEPTH * BOUNCE_BYTES
+
+
 def store_memory_per_node(sh: Shape, memory_fraction: float, load_rounds: int = 0) -> float:
     """Bytes of store per node: R of the dataset (2R when R < 1: a round of whole
     units, + 2%; R = 1 loaded progressively: every round's slot, + 2%), over the nodes,
-    with the holes its loads read through (``sh.span``: LMDB's page headers and tails)."""
+    with the holes its loads read through (``sh.span``: LMDB's page headers and tails),
+    plus its readers' bounce buffers (:func:`store_bounce_per_node`)."""
     if memory_fraction >= 1.0:
         held = 1.02 if load_rounds > 1 else 1.0
     else:  # two slots of whole units, each grown 2% for holes (sources/store_plan.py)
         units = max(1, math.ceil(sh.n / _UNIT))
         held = 2.0 * max(1, round(memory_fraction * units)) / units * 1.02
-    return sh.n * sh.mean_len * sh.span * held / max(sh.nodes, 1)
+    slots = sh.n * sh.mean_len * sh.span * held / max(sh.nodes, 1)
+    return slots + store_bounce_per_node(sh)
 
 
 def store_estimate(
@@ -145,7 +158,8 @@ def store_estimate(
     K, g = load_rounds_for(sh, rl_floor) if R >= 1.0 else (0, 0)
     est = Estimate("store", 0, 0, 0, {"store": mode, "memory_fraction": R})
     est.memory_per_node = store_memory_per_node(sh, R, K)
-    est.window_bytes = int(est.memory_per_node * M / P)
+    slots = est.memory_per_node - store_bounce_per_node(sh)  # what it holds and touches
+    est.window_bytes = int(slots * M / P)
     if est.memory_per_node > sh.cap:
         est.rejected = (
             f"memory cap: the store needs {format_bytes(est.memory_per_node)} per node at "
@@ -181,7 +195,7 @@ def store_estimate(
     # others overlap the rounds served before them: each load is counted once
     first = (t_lat + max(t_bw, t_agg)) * first_share if loads else 0.0
     if epoch == 0:  # the window's memory is touched once, by the first loads
-        first += est.memory_per_node * M / P / fabric.touch_bw
+        first += slots * M / P / fabric.touch_bw
     t_lat, t_bw, t_agg = (x * (1.0 - first_share) for x in (t_lat, t_bw, t_agg))
     # serving: of a rank's sub-batch, 1/P is its own memory, (ranks_on_node - 1)/P its
     # node's, the rest on other nodes (ordered); opportunistic serves its own memory
