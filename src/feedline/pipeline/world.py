@@ -72,10 +72,9 @@ class LoaderWorld:
             return int(self.dist.host_ranks), int(self.dist.host_cores)
         import os
 
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - non-Linux
-            cores = os.cpu_count() or 1
+        from .options import _cpus
+
+        cores = _cpus()
         # without MPI (one process, or torch.distributed): a node's ranks share a host;
         # each may be bound to cores of its own (a launcher's per-task binding)
         ranks = self.ranks_per_node if self.size > 1 else 1

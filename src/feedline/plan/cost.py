@@ -31,11 +31,9 @@ from ..errors import ConfigError
 from ..units import format_bytes
 from .assign_window import weighted_window_steps, window_sizes
 from .profiles import (  # noqa: F401 - re-exported: the model's storage side
-    _FS_MAGIC,
     FS_PROFILES,
     PROFILES,
     StorageProfile,
-    _saved_profile,
     fs_type,
     get_profile,
 )

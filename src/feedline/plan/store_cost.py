@@ -122,18 +122,17 @@ def store_bounce_per_node(sh: Shape) -> int:
     return -(-max(sh.ranks, 1) // max(sh.nodes, 1)) * READER_DEPTH * BOUNCE_BYTES
 
 
-def store_memory_per_node(sh: Shape, memory_fraction: float, load_rounds: int = 0) -> float:
+def store_slots_per_node(sh: Shape, memory_fraction: float, load_rounds: int = 0) -> float:
     """Bytes of store per node: R of the dataset (2R when R < 1: a round of whole
     units, + 2%; R = 1 loaded progressively: every round's slot, + 2%), over the nodes,
-    with the holes its loads read through (``sh.span``: LMDB's page headers and tails),
-    plus its readers' bounce buffers (:func:`store_bounce_per_node`)."""
+    with the holes its loads read through (``sh.span``: LMDB's page headers and tails).
+    Its memory is this and its readers' bounce buffers (:func:`store_bounce_per_node`)."""
     if memory_fraction >= 1.0:
         held = 1.02 if load_rounds > 1 else 1.0
     else:  # two slots of whole units, each grown 2% for holes (sources/store_plan.py)
         units = max(1, math.ceil(sh.n / _UNIT))
         held = 2.0 * max(1, round(memory_fraction * units)) / units * 1.02
-    slots = sh.n * sh.mean_len * sh.span * held / max(sh.nodes, 1)
-    return slots + store_bounce_per_node(sh)
+    return sh.n * sh.mean_len * sh.span * held / max(sh.nodes, 1)
 
 
 def store_estimate(
@@ -157,8 +156,8 @@ def store_estimate(
     payload = sh.n * sh.mean_len
     K, g = load_rounds_for(sh, rl_floor) if R >= 1.0 else (0, 0)
     est = Estimate("store", 0, 0, 0, {"store": mode, "memory_fraction": R})
-    est.memory_per_node = store_memory_per_node(sh, R, K)
-    slots = est.memory_per_node - store_bounce_per_node(sh)  # what it holds and touches
+    slots = store_slots_per_node(sh, R, K)  # what it holds and touches
+    est.memory_per_node = slots + store_bounce_per_node(sh)
     est.window_bytes = int(slots * M / P)
     if est.memory_per_node > sh.cap:
         est.rejected = (
