@@ -5,7 +5,14 @@ those tests are deselected, not skipped, so a default run never counts them."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+
+# A shell starts a background job (`dev/test &`) with SIGINT ignored, and every process
+# the suite starts would inherit that: the Ctrl-C tests would then fail. A handler set
+# here becomes the default action in the children the suite execs.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Saved storage profiles (`feedline probe`) and sidecars of read-only datasets live in the
 # cache dir: the suite uses its own, so what a user probed on this machine cannot change

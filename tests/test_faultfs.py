@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The FUSE fault file system family (docs/reliability.md): the storage emulator injects
 EIO (transient and persistent), ESTALE and ENOENT after a good open, EINTR, short reads
-and 45 s stalls into the reads of a real mount; the Loader runs under real ``mpiexec``
+and stalls (15 s; 45 s in the full tier) into the reads of a real mount; the Loader runs under real ``mpiexec``
 with 1, 2 and 4 ranks and every batch's bytes are hashed against a fault-free run.
 
 Outcomes: a transient fault (EIO, EINTR, retried by the engine) gives the same bytes
@@ -9,7 +9,7 @@ as the fault-free run; a persistent one gives a typed error on every rank (the r
 that met it: ``StorageError``; the others ``PeerFailedError`` naming it, or their own
 ``StorageError``); a short read is taken by the kernel as the end of the file
 (``CorruptDataError`` naming file and offset); a stall past ``timeout_s`` gives
-``StorageTimeoutError``. Never wrong bytes, never a hang: every rank ends within 60 s.
+``StorageTimeoutError`` well before the stall ends. Never wrong bytes, never a hang.
 
 The default tier runs one preset per world size; ``--full`` runs every non-store
 preset at every world size.
@@ -79,6 +79,11 @@ NON_STORE = (
     "lmm-dio-prov-coal",
     "lmm-dio-prov-coal-stag",
 )
+#: seconds a "stall" fault holds its read: the ranks must raise at the 3 s timeout, long
+#: before it ends. A job's processes still end only when it does (a thread stuck in a
+#: FUSE read keeps its process a zombie until the daemon answers), so the default tier
+#: stalls for less than the full tier.
+STALL_S = {False: 15, True: 45}
 QUICK = {
     1: ("tf", list(KINDS)),
     2: ("feedline", ["eio-transient", "eio-persistent", "stall"]),
@@ -145,14 +150,15 @@ def run(
     )
 
 
-def check_case(emu, P, preset, case, tmp, baselines) -> str:
+def check_case(emu, P, preset, case, tmp, baselines, full: bool = False) -> str:
     key = (P, preset)
     if key not in baselines:
         base, _, log = run(emu, P, preset, tmp, "base")
         assert base["rc"] == 0 and len(base["outcomes"]) == P, log
         baselines[key] = base["hashes"]
     kind, count, expect = KINDS[case]
-    inject = f"{kind}:{count}" + (":45" if kind == "stall" else "")
+    stall = STALL_S[full]
+    inject = f"{kind}:{count}" + (f":{stall}" if kind == "stall" else "")
     try:
         res, wall, log = run(
             emu, P, preset, tmp, case, timeout=3.0 if kind == "stall" else 0.0, inject=inject
@@ -162,7 +168,8 @@ def check_case(emu, P, preset, case, tmp, baselines) -> str:
     assert wall < 90, f"{case}: the job took {wall:.0f} s\n{log}"
     assert len(res["outcomes"]) == P, f"{case}: not every rank reported\n{log}"
     for r, (k, typ, secs, msg) in res["outcomes"].items():
-        assert secs < 60, (r, secs)
+        # a stalled read gives up at the timeout (3 s), not when the stall ends
+        assert secs < stall - 3, (r, secs, stall)
         for step, h in res["hashes"].get(r, {}).items():  # never wrong bytes
             assert baselines[key][r][step] == h, f"{case}: rank {r} step {step}: other bytes"
         if expect == "same":
@@ -191,7 +198,7 @@ def test_fault_family_quick(emu, tmp_path, P):
 def test_fault_family_full(emu, tmp_path, P, preset):
     baselines: dict = {}
     for case in KINDS:
-        check_case(emu, P, preset, case, tmp_path, baselines)
+        check_case(emu, P, preset, case, tmp_path, baselines, full=True)
 
 
 @pytest.mark.parametrize("preset", ["tf", "feedline", "async-db", "lmm-dio-prov-coal"])
