@@ -439,6 +439,13 @@ def test_bench_read_smoke(tmp_path, method):
         bench_read(paths[0], 64 << 10, method, max_bytes=100_000, evict_first=False).bytes
         == 100_000
     )
+    # from an offset (rounded down to 4096): up to the end of the file, or max_bytes
+    tail = bench_read(paths[0], 64 << 10, method, offset=(1 << 20) + 5, evict_first=False)
+    assert tail.bytes == 123  # from 1 MiB: the file's last 123 bytes
+    assert bench_read(paths[0], 64 << 10, method, offset=8192, max_bytes=4096).bytes == 4096
+    assert bench_read(paths[0], 64 << 10, method, offset=1 << 30).bytes == 0
+    with pytest.raises(ConfigError):
+        bench_read(paths[0], 64 << 10, method, offset=-1)
 
 
 @pytest.mark.full

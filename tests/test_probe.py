@@ -38,6 +38,8 @@ def test_probe_measures_saves_and_the_planner_uses_it(tmp_path, cache, capsys):
         v > 0 for v in m["stream_bw_by_block"].values()
     )
     assert m["aggregate_bw_by_streams"] and doc["latency_s"] > 0
+    # the 256 MiB scratch file is too small for every measurement to read fresh bytes
+    assert 0 < m["reread_bytes"] < probe.SCRATCH_BYTES * 4
     assert m["seconds"] < 4 * 3  # bounded (the budget is checked between stages)
     assert not [p for p in os.listdir(data) if p.startswith(".feedline-probe-")]  # scratch gone
     prof = get_profile(None, str(data))
@@ -45,6 +47,19 @@ def test_probe_measures_saves_and_the_planner_uses_it(tmp_path, cache, capsys):
     assert prof.latency_s == pytest.approx(doc["latency_s"])
     # an explicit profile still wins over the saved one
     assert get_profile("parallel", str(data)).name == "parallel"
+
+
+def test_each_measurement_reads_a_region_no_other_read():
+    """The probe never times bytes it read itself (a host's cache would answer): the
+    regions follow each other, 4 MiB aligned, until the file is used up; then they
+    start again from the beginning and count as read twice."""
+    MiB = 1 << 20
+    f = probe._Fresh(64 * MiB)
+    spans = [(f.take(n), n) for n in (MiB, 5 * MiB, 16 * MiB)]
+    assert [o for o, _ in spans] == [0, 4 * MiB, 12 * MiB]
+    assert f.reread == 0
+    assert f.take(40 * MiB) == 0 and f.reread == 40 * MiB  # 28 + 40 > 64: wraps
+    assert f.take(100 * MiB) == 0 and f.reread == 104 * MiB  # clipped to the file
 
 
 def test_probe_no_save_and_errors(tmp_path, cache, capsys):

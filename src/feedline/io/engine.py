@@ -493,6 +493,7 @@ def bench_read(
     depth: int = 2,
     evict_first: bool = True,
     max_bytes: int | None = None,
+    offset: int = 0,
 ) -> BenchResult:
     """Read *path* sequentially in *block_bytes* reads and time it: the storage's
     "physical limit" as ``fio --rw=read --direct=1 --ioengine=psync`` or
@@ -516,7 +517,11 @@ def bench_read(
     evict_first : bool
         Evict the file from the page cache first.
     max_bytes : int, optional
-        Read only the first *max_bytes* bytes.
+        Read only *max_bytes* bytes (from *offset*).
+    offset : int
+        Where the read starts (rounded down to 4096 bytes): ``feedline probe`` reads a
+        region it has not read before for each measurement, because a virtual disk's
+        host may keep recently read blocks (docs/planner.md, "Storage profiles").
 
     Returns
     -------
@@ -525,8 +530,11 @@ def bench_read(
     path = os.fspath(path)
     if block_bytes < 4096 or threads < 1 or depth < 1:
         raise ConfigError("bench_read needs block_bytes >= 4096, threads >= 1 and depth >= 1")
+    if offset < 0:
+        raise ConfigError("bench_read needs offset >= 0")
     size = os.path.getsize(path)
-    total = size if max_bytes is None else min(size, int(max_bytes))
+    start = min(int(offset) // 4096 * 4096, size)
+    total = size - start if max_bytes is None else min(size - start, int(max_bytes))
     nblocks = math.ceil(total / block_bytes)
     buffers = [aligned_empty(threads * block_bytes) for _ in range(depth)]
     for b in buffers:
@@ -541,8 +549,9 @@ def bench_read(
             if len(pending) == depth:
                 pending.popleft().result()  # frees the buffer the next submission reuses
             k = min(threads, nblocks - first)
-            offsets = np.arange(first, first + k, dtype=np.int64) * block_bytes
-            lengths = np.minimum(block_bytes, total - offsets)
+            rel = np.arange(first, first + k, dtype=np.int64) * block_bytes
+            offsets = start + rel
+            lengths = np.minimum(block_bytes, total - rel)
             pending.append(eng.submit((zeros[:k], offsets, lengths), buffers[i % depth]))
         while pending:
             pending.popleft().result()

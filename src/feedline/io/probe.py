@@ -47,6 +47,40 @@ STREAMS = (1, 2, 4, 8, 16)
 SCRATCH_BYTES = 256 * _MiB
 #: files smaller than this are not probed (the device's cache would answer)
 MIN_FILE = 64 * _MiB
+#: a single-stream measurement reads at most this fraction of the file (1/STREAM_SHARE),
+#: so that the five of them leave most of it unread for the aggregate sweep
+STREAM_SHARE = 16
+
+
+class _Fresh:
+    """Regions of the probed file that this probe has not read yet, one per measurement.
+
+    A virtual disk's host can keep the blocks it served recently: on this project's
+    2-core VM a region read again came at 1.5-1.6 GB/s where its first read came at
+    0.66-0.73 GB/s (docs/planner.md, "Storage profiles"). A probe that re-read one
+    region measured that cache, and the model priced a first epoch, which reads data
+    nothing has read lately, 2-3x too fast. When the file is used up, the next region
+    starts again from its beginning; the bytes read twice are reported (``reread``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.at = 0
+        self.reread = 0
+        self._high = 0  # the end of what was read
+
+    def take(self, nbytes: int) -> int:
+        """The offset of the next *nbytes* (4 MiB aligned) nobody read in this probe."""
+        nbytes = min(int(nbytes), self.size)
+        if self.at + nbytes > self.size:
+            self.at = 0
+        if self.at < self._high:
+            self.reread += nbytes
+        off = self.at
+        self.at += -(-nbytes // (4 * _MiB)) * (4 * _MiB)
+        self._high = max(self._high, min(self.at, self.size))
+        return off
+
+
 # --------------------------------------------------------------- measuring
 
 
@@ -129,11 +163,12 @@ def measure(path: str, seconds: float = 20.0, progress: bool = True) -> dict[str
         say(f"latency {lat * 1e3:.3f} ms (cold 4 KiB direct reads, median)")
         stream: dict[str, float] = {}
         budget = 0.45 * seconds / len(BLOCKS)
+        fresh = _Fresh(size)
         for b in BLOCKS:
             # as many bytes as this block size reads in its share of the time, roughly
             est_bw = b / (lat + b / 2e9)
-            cap = int(min(size, max(b, est_bw * budget), 512 * _MiB))
-            r = bench_read(target, b, "odirect", max_bytes=cap)
+            cap = int(min(max(b, est_bw * budget), 512 * _MiB, max(b, size // STREAM_SHARE)))
+            r = bench_read(target, b, "odirect", max_bytes=cap, offset=fresh.take(cap))
             stream[str(b)] = r.bytes / max(r.seconds, 1e-9)
             say(f"one stream, {b >> 10} KiB reads: {stream[str(b)] / 1e6:.0f} MB/s")
             if time.perf_counter() > deadline:
@@ -142,8 +177,13 @@ def measure(path: str, seconds: float = 20.0, progress: bool = True) -> dict[str
         for k in STREAMS:
             if time.perf_counter() > deadline:
                 break
-            cap = int(min(size, 512 * _MiB))
-            r = bench_read(target, 4 * _MiB, "odirect", threads=k, max_bytes=cap)
+            # the sweep shares what the single streams left of the file, two rounds of
+            # reads at least (a small file is re-read from its start: fresh.reread)
+            left = (size - fresh.at) // (len(STREAMS) - STREAMS.index(k))
+            cap = int(min(512 * _MiB, max(left, 2 * k * 4 * _MiB), size))
+            r = bench_read(
+                target, 4 * _MiB, "odirect", threads=k, max_bytes=cap, offset=fresh.take(cap)
+            )
             agg[str(k)] = r.bytes / max(r.seconds, 1e-9)
             say(f"{k} streams, 4 MiB reads: {agg[str(k)] / 1e6:.0f} MB/s")
     finally:
@@ -175,6 +215,7 @@ def measure(path: str, seconds: float = 20.0, progress: bool = True) -> dict[str
             "latency_s": lat,
             "stream_bw_by_block": stream,
             "aggregate_bw_by_streams": agg,
+            "reread_bytes": fresh.reread,
             "seconds": time.perf_counter() - t_start,
         },
     }
