@@ -64,4 +64,16 @@ def test_shuffle_quick(tmp_path):
         got = cal[f"memory R={r:g}"]["feedline"]["7664"]
         assert got == pytest.approx(paper, abs=0.0005)
     assert (out / "shuffle.png").stat().st_size > 0
-    assert "RL calibration" in (out / "shuffle.md").read_text()
+    md = (out / "shuffle.md").read_text()
+    assert "RL calibration" in md
+    # every row of the table has the header's cells, the two diagnostics among them
+    table = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    head = table[0].split(" | ")
+    assert "classes per batch" in head and "corr. with disk order" in head
+    for line in table[1 : 1 + len(rows)]:
+        assert line.count("|") == table[0].count("|"), line
+    cpb = head.index("classes per batch")
+    none_row = next(ln for ln in table if ln.startswith("| none |")).split(" | ")
+    assert float(none_row[cpb]) == pytest.approx(rows["none"]["classes_per_batch"], abs=0.01)
+    assert rows["global"]["classes_per_batch"] > rows["none"]["classes_per_batch"]
+    assert abs(rows["none"]["disk_correlation"]) > 0.9 > abs(rows["global"]["disk_correlation"])

@@ -290,7 +290,8 @@ def markdown(doc: dict[str, Any]) -> str:
             f"| {r['order']} | {report.describe_run(r['order'])} | "
             f"{report.shuffle_cell({'name': r['order'], 'rl': r['rl_observed']})} | "
             f"{_p(r['rl'])} | {_p(r['rl_observed'])} | "
-            f"{r['class_mix']:.2f} | {_p(r['accuracy'])} | {loss} |"
+            f"{r['class_mix']:.2f} | {r['classes_per_batch']:.2f} | "
+            f"{r['disk_correlation']:+.3f} | {_p(r['accuracy'])} | {loss} |"
         )
     cal = doc["calibration"]
     ns = list(cal[0]["feedline"])
