@@ -37,7 +37,18 @@ def test_quick_smoke(tmp_path):
     rows = {r["preset"]: r for r in doc["lmdbio"]}
     assert rows["lmdb"]["readers"] == 4 and rows["lmm"]["readers"] == 2
     assert rows["lmm-dio-prov"]["seek_s"] == 0 and rows["lmm-dio"]["seek_s"] > 0
-    assert all(r["same_bytes_as_lmdb_order"] for r in rows.values())
+    # the same bytes as the first run of the same order; feedline's order is its own
+    assert rows["lmdb"]["same_bytes_as_same_order"] is True
+    assert all(r["same_bytes_as_same_order"] is not False for r in rows.values())
+    assert rows["feedline"]["same_bytes_as_same_order"] is None
+    # every rank of feedline's direct plan reads its own share; LMDB's page overhead is
+    # read through (what storage gave beyond the payload)
+    fl = by["feedline"]
+    assert rows["feedline"]["readers"] == 4 and rows["feedline"]["io_s"] is not None
+    st = fl["stats"]
+    assert rows["feedline"]["redundant_bytes"] == sum(st["storage_bytes"]) - sum(
+        st["payload_bytes"]
+    )
     assert rows["lmm-dm"]["spec_extra_bytes"] >= 0 and rows["lmdb"]["ctx_switches"] > 0
     # the limit's time to read the files over each run's time, beside the payload rate
     lim = doc["limit"]

@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from typing import Any
 
 from feedline.errors import ConfigError
@@ -105,15 +106,41 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     digests: dict[tuple[str, str], str | None] = {}
     lim_s = (doc.get("limit") or {}).get("seconds")
+
+    def order_of(r: dict[str, Any]) -> tuple[Any, Any]:
+        # runs of one order: the ladder's strided presets, COAL and STAG; a preset whose
+        # plan is its own (feedline, its tiles or store) has no order key of the ladder
+        p = r["params"]
+        return (p.get("assignment") or r["name"], p.get("region"))
+
+    shared = Counter(order_of(r) for r in doc["runs"])
     for r in doc["runs"]:
         extra = r["stats"].get("extra") or [{}] * r["ranks"]
-        readers = [e for e in extra if e and e.get("reader")]
+        # the ladder's sources say which ranks read; where no rank says (every rank reads
+        # its own share: direct, the store), a rank that read storage is a reader
+        says = any(e and "reader" in e for e in extra)
+        readers = [
+            e
+            for e in extra
+            if e and (e.get("reader") if says else int(e.get("storage_bytes") or 0) > 0)
+        ]
         emu = r["stats"].get("emulator") or []  # what the storage emulator served
 
         def total(key: str, extra: list[Any] = extra) -> int:
             return sum(int(e.get(key) or 0) for e in extra if e)
 
-        assign = (r["params"].get("assignment"), r["params"].get("region"))
+        def redundant(extra: list[Any] = extra) -> int:
+            # bytes read beyond the samples: the source's own count (cursor walks, holes),
+            # else what it read from storage less what it delivered
+            return sum(
+                int(e["redundant_bytes"])
+                if e.get("redundant_bytes") is not None
+                else max(0, int(e.get("storage_bytes") or 0) - int(e.get("payload_bytes") or 0))
+                for e in extra
+                if e
+            )
+
+        assign = order_of(r)
         digests.setdefault(assign, r["digest"])
         rows.append(
             {
@@ -135,7 +162,7 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "job_skew_s": _mean(r["stats"]["skew_s"]),
                 "storage_bytes": total("storage_bytes"),
                 "storage_ops": total("storage_ops"),
-                "redundant_bytes": total("redundant_bytes"),
+                "redundant_bytes": redundant(),
                 "spec_extra_bytes": total("spec_extra_bytes"),
                 "served_bytes": (
                     sum(int(e.get("bytes") or 0) for e in emu if e) if any(emu) else None
@@ -145,8 +172,10 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 ),
                 "ctx_switches": sum(v or 0 for v in r["stats"]["ctx_switches"]),
                 "peak_rss_bytes": max((v or 0 for v in r["stats"]["peak_rss_bytes"]), default=0),
-                "same_bytes_as_lmdb_order": (
-                    r["digest"] == digests[assign] if r["digest"] else None
+                # the same bytes as the first run of the same order (None: no other run
+                # has this order, so there is nothing to compare)
+                "same_bytes_as_same_order": (
+                    r["digest"] == digests[assign] if r["digest"] and shared[assign] > 1 else None
                 ),
                 "error": r.get("error"),
             }
@@ -225,7 +254,13 @@ def summary_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 else ""
             )
         )
-    diff = [r["preset"] for r in rows if r["same_bytes_as_lmdb_order"] is False]
+    if any((r.get("files_vs_limit") or 0) > 1 for r in rows):
+        out.append(
+            "\nfiles vs limit above 100%: the run read the files faster than the limit run, "
+            "in which each rank reads its share with large sequential direct reads one at a "
+            "time (what IOR or fio report); a plan with more reads in flight can beat it"
+        )
+    diff = [r["preset"] for r in rows if r["same_bytes_as_same_order"] is False]
     if diff:
         out.append(f"\ndelivery differs from the first preset with the same order: {diff}")
     return "\n".join(out) + "\n"
