@@ -105,3 +105,20 @@ def test_overhead_refuses_more_than_one_rank(tmp_path, capsys):
     assert rc != 0
     assert "one core" in capsys.readouterr().err
     assert not (tmp_path / "overhead.json").exists()
+
+
+def test_bench_options_refuse_zero_instead_of_defaulting(tmp_path, capsys):
+    """A zero size, rank or epoch count is an error naming the option (it used to divide
+    by zero, or be replaced by the default and run something else)."""
+    rc = main(["bench", "overhead", "--quick", "--sizes", "0", "--out", str(tmp_path)])
+    assert rc != 0 and "--sizes" in capsys.readouterr().err
+    for argv in (
+        ["bench", "deepio", "--quick", "--ranks", "0"],
+        ["bench", "deepio", "--quick", "--epochs", "0"],
+        ["bench", "deepio", "--quick", "--nodes", "-1"],
+        ["bench", "lmdbio", "--quick", "--ranks", "0"],
+        ["bench", "async", "--quick", "--nodes", "-1"],
+    ):
+        with pytest.raises(SystemExit):
+            main([*argv, "--out", str(tmp_path)])
+        assert f"argument {argv[3]}" in capsys.readouterr().err, argv

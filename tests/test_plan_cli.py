@@ -153,11 +153,28 @@ def test_cli_flat_single_preset_and_errors(capsys):
         )
         == 0
     )
-    text = capsys.readouterr().out
-    doc = json.loads(text[text.index("{") :])
+    io = capsys.readouterr()
+    doc = json.loads(io.out)  # --json -: the JSON alone on stdout, the table on stderr
     assert doc["presets"][0]["ops_per_reader"] == 250
+    assert "ops/reader" in io.err
     assert main(["plan", "--ranks", "4"]) == 1  # neither PATH nor --samples
     assert main(["plan", "--ranks", "4", "--samples", "10", "--preset", "nope"]) == 1
+    # zero or bad values are refused by name, not replaced by a default
+    for bad in (["--batch", "0"], ["--sample-bytes", "0"], ["--epochs", "0"], ["--ranks", "0"],
+                ["--memory-cap", "12XB"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main(["plan", "--samples", "1000", *bad])
+        assert f"argument {bad[0]}" in capsys.readouterr().err
+    # one sampled-readers count per preset when they differ
+    assert main(["plan", "--ranks", "64", "--nodes", "8", "--preset",
+                 "feedline,lmm-dio-prov-coal", "--batch", "128", "--samples", "1000000",
+                 "--json", "-"]) == 0  # fmt: skip
+    io = capsys.readouterr()
+    n = {r["preset"]: r["sampled_readers"] for r in json.loads(io.out)["presets"]}
+    if len(set(n.values())) > 1:
+        assert "sampled readers feedline " + str(n["feedline"]) in io.err
+    else:
+        assert f"{n['feedline']} sampled readers per preset" in io.err
 
 
 @pytest.mark.full

@@ -65,7 +65,11 @@ def test_each_measurement_reads_a_region_no_other_read():
 def test_probe_no_save_and_errors(tmp_path, cache, capsys):
     data = tmp_path / "d"
     data.mkdir()
-    assert main(["probe", str(data), "--seconds", "2", "--no-save"]) == 0
+    capsys.readouterr()
+    assert main(["probe", str(data), "--seconds", "2", "--no-save", "--json", "-"]) == 0
+    io = capsys.readouterr()
+    assert json.loads(io.out)["name"] == "probed"  # --json -: the JSON alone on stdout
+    assert "probed profile of" in io.err and not os.path.exists("-")
     assert not cache.exists() or not list(cache.rglob("*.json"))
     assert get_profile(None, str(data)).name != "probed"
     assert main(["probe", str(tmp_path / "missing")]) == 1

@@ -232,7 +232,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("path", metavar="PATH", help="a dataset file or directory on the storage")
     p.add_argument("--seconds", type=float, default=20.0, help="time budget (default 20)")
-    p.add_argument("--json", metavar="FILE", help="also write the profile to FILE")
+    p.add_argument(
+        "--json", metavar="FILE", help="also write the profile to FILE ('-': stdout, alone)"
+    )
     p.add_argument(
         "--no-save", action="store_true", help="do not save it for the file system (cache dir)"
     )
@@ -246,17 +248,23 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--seconds must be between 1 and 600")
     doc = measure(args.path, args.seconds, progress=bool(defaults.get("progress")))
     prof = StorageProfile.from_dict(doc)  # checks the fields
+    # with --json - the JSON alone goes to stdout (for a pipe), the messages to stderr
+    say = sys.stderr if args.json == "-" else sys.stdout
     print(
         f"{prof.name} profile of {args.path} ({prof.fs_type or 'unknown fs'}): latency "
         f"{prof.latency_s * 1e3:.3f} ms, one stream {prof.stream_bw / 1e6:.0f} MB/s, node "
         f"{prof.node_bw / 1e6:.0f} MB/s with {prof.streams_per_node} streams, page cache "
-        f"shared per {prof.shared_cache}"
+        f"shared per {prof.shared_cache}",
+        file=say,
     )
-    if args.json:
+    if args.json == "-":
+        json.dump(doc, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    elif args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     if not args.no_save and doc.get("name") != "emulator":
-        print(f"saved for this file system: {save_profile(args.path, doc)}")
+        print(f"saved for this file system: {save_profile(args.path, doc)}", file=say)
     return 0
 
 

@@ -13,6 +13,7 @@ dataset's index instead of a synthetic layout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -26,7 +27,10 @@ from .world import WorldSpec
 
 
 def _size(text: str) -> int:
-    return parse_bytes(text, "--memory-cap")
+    try:
+        return parse_bytes(text, "a size")
+    except (ConfigError, ValueError) as e:  # argparse names the option
+        raise argparse.ArgumentTypeError(str(e).removeprefix("a size: ")) from None
 
 
 def _positive(text: str) -> int:
@@ -51,12 +55,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--record-bytes", type=int, default=None, help="records format: bytes per record"
     )
-    p.add_argument("--ranks", type=int, default=1, help="MPI ranks P (default 1)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes M (default 1)")
+    p.add_argument("--ranks", type=_positive, default=1, help="MPI ranks P (default 1)")
+    p.add_argument("--nodes", type=_positive, default=1, help="nodes M (default 1)")
     p.add_argument("--preset", default="all", help="preset name, comma list, or 'all' (default)")
-    p.add_argument("--batch", type=int, default=None, help="global batch (default 2 per rank)")
-    p.add_argument("--samples", type=int, default=None, help="synthetic: number of records")
-    p.add_argument("--sample-bytes", type=int, default=3072, help="synthetic: bytes per record")
+    p.add_argument(
+        "--batch", type=_positive, default=None, help="global batch (default 2 per rank)"
+    )
+    p.add_argument("--samples", type=_positive, default=None, help="synthetic: number of records")
+    p.add_argument(
+        "--sample-bytes", type=_positive, default=3072, help="synthetic: bytes per record"
+    )
     p.add_argument(
         "--layout", choices=("lmdb", "flat"), default="lmdb", help="synthetic file layout"
     )
@@ -83,7 +91,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--epochs",
-        type=int,
+        type=_positive,
         default=None,
         help="epochs the job will read, for the feedline preset's cost model (the Loader's "
         "epochs=; default unknown: the DeepIO store is weighed over 3)",
@@ -135,7 +143,7 @@ def _records(args):
         how = "overflow pages" if m.overflow else f"{m.per_leaf} per leaf"
         return (
             m,
-            f"synthetic LMDB: {args.samples} x {args.sample_bytes} B ({how}, {m.file_bytes / 1e9:.1f} GB)",
+            f"synthetic LMDB: {args.samples} x {args.sample_bytes} B ({how}, {_fmt_bytes(m.file_bytes)})",
             None,
         )
     from .records import FlatRecords
@@ -220,6 +228,28 @@ def compute(args) -> dict[str, Any]:
 def run(args) -> int:
     t0 = time.perf_counter()
     out = compute(args)
+    # with --json - the JSON alone goes to stdout (for a pipe), the table to stderr
+    with contextlib.redirect_stdout(sys.stderr) if args.json == "-" else contextlib.nullcontext():
+        _print_table(args, out, t0)
+    if args.json:
+        text = json.dumps(out, indent=1, sort_keys=True)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 0
+
+
+def _sampled(rows: list[dict[str, Any]]) -> str:
+    """How many readers each preset's figures come from: one count, or one per preset."""
+    counts = {r["preset"]: r["sampled_readers"] for r in rows}
+    if len(set(counts.values())) <= 1:
+        return f"{next(iter(counts.values()), 0)} sampled readers per preset"
+    return "sampled readers " + ", ".join(f"{p} {n}" for p, n in counts.items())
+
+
+def _print_table(args, out: dict[str, Any], t0: float) -> None:
     rows = out["presets"]
     print(
         f"{out['dataset']}; {out['ranks']} ranks on {out['nodes']} nodes, global batch {out['batch']}"
@@ -239,7 +269,7 @@ def run(args) -> int:
         )
     print(
         f"redundant = bytes read beyond the samples, all readers (cursor walks, holes read through); "
-        f"figures from {rows[0]['sampled_readers'] if rows else 0} sampled readers per preset; "
+        f"figures from {_sampled(rows)}; "
         f"{time.perf_counter() - t0:.1f} s"
     )
     if len(rows) == 1:
@@ -248,11 +278,3 @@ def run(args) -> int:
     if explain and getattr(args, "explain", False):
         print()
         print(explain)
-    if args.json:
-        text = json.dumps(out, indent=1, sort_keys=True)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    return 0

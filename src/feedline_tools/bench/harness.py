@@ -74,6 +74,21 @@ def size_label(n: int) -> str:
     return report._size_label(n)
 
 
+def at_least(low: int):
+    """An argparse type: a whole number >= *low* (a clear error, not a silent default)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+        return n
+
+    return parse
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None = None) -> None:
     """The options every scenario takes (docs/benchmarks.md, "Running a scenario": --json, --ranks, --nodes, --path,
     --quick), plus repeats, artefacts, baseline, emulated compute and step count."""
@@ -81,7 +96,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None =
     g.add_argument("--json", metavar="PATH", help="write the result document here")
     g.add_argument(
         "--ranks",
-        type=int,
+        type=at_least(1),
         default=None,
         metavar="N",
         help="MPI ranks (launches mpiexec -n N; default 1, or the size of the "
@@ -89,7 +104,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None =
     )
     g.add_argument(
         "--nodes",
-        type=int,
+        type=at_least(0),
         default=None,
         metavar="M",
         help="emulated nodes (FEEDLINE_NODES; node = rank*M//N)",

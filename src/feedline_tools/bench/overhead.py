@@ -261,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks != 1 or args.nodes != 1:
         raise ConfigError("bench overhead measures one process on one core: --ranks 1 --nodes 1")
     sizes = [_size(s) for s in args.sizes.split(",") if s]
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"--sizes: sample sizes of at least 1 byte, got {args.sizes!r}")
     presets = [p for p in args.presets.split(",") if p]
     peers = [p for p in args.peers.split(",") if p]
     bad = set(peers) - {"torch-pread", "torch-h5py"}
