@@ -35,6 +35,30 @@ def _same(a, b):
     )
 
 
+@pytest.mark.parametrize("R", [0.25, 0.5])
+def test_a_small_dataset_keeps_the_memory_fraction_it_was_given(tmp_path, R):
+    """32 records at R = 0.25 made one unit of 64 samples: one round, R = 1 in effect,
+    silently. Units shrink so that every round holds R of the dataset: 1/R rounds an
+    epoch, each loaded from storage again."""
+    from feedline.plan.rl import memory_unit
+
+    n, L = 32, 4096
+    path = tmp_path / "r.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, n * L, dtype=np.uint8).tobytes())
+    ds = open_dataset(str(path), format="records", record_bytes=L)
+    assert memory_unit(n, R) * round(1 / R) * 2 <= n  # at least 2 units a round
+    assert memory_unit(100_000, R) == 64 and memory_unit(n, 1.0) == n  # as before
+    with Loader(ds, 4, preset="deepio-ordered", memory_fraction=R, decode=False) as ld:
+        for e in range(2):
+            ld.set_epoch(e)
+            ids = np.concatenate([b.ids for b in ld])
+            assert np.array_equal(np.sort(ids), np.arange(n))
+        st = ld.stats()
+    assert st["rounds_loaded"] == 2 * round(1 / R)
+    assert st["storage_bytes"] == 2 * n * L  # every epoch loads the dataset again
+    assert st["rl"] < 1.0
+
+
 @pytest.mark.parametrize("preset", ["deepio-ordered", "deepio-opportunistic"])
 @pytest.mark.parametrize("R", [1.0, 0.25])
 def test_store_delivers_the_plan_and_keeps_r1_in_memory(cifar, preset, R):

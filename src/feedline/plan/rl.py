@@ -17,6 +17,7 @@ O(N) vectorised work for a model, so :func:`chunk_for_rl` caches its answers.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Any
 
@@ -51,10 +52,29 @@ def chunk_size(n: int, strategy) -> int:
     return max(1, min(g, max(n, 1)))
 
 
-def unit_size(n: int, strategy) -> int:
-    """Samples per unit of the memory assignment: ``strategy.chunk``, or DEFAULT_UNIT."""
-    g = strategy.chunk or DEFAULT_UNIT
+#: rounds of R < 1 hold at least this many units when the unit is not given: a small
+#: dataset gets smaller units, so that R is what a round holds
+MIN_ROUND_UNITS_DEFAULT = 2
+
+
+def memory_unit(n: int, fraction: float, chunk: int = 0) -> int:
+    """Samples per unit of ``memory(R)`` over *n* samples: *chunk* when given, else
+    :data:`DEFAULT_UNIT`, made smaller when R < 1 and the dataset is too small for
+    :data:`MIN_ROUND_UNITS_DEFAULT` units in each of its ceil(1/R) rounds (32 samples
+    at R = 0.25 made one unit of 64: one round, R = 1 in effect)."""
+    g = int(chunk)
+    if not g:
+        g = DEFAULT_UNIT
+        if fraction < 1.0:
+            rounds = math.ceil(1.0 / fraction - 1e-9)
+            g = min(g, max(1, n // (MIN_ROUND_UNITS_DEFAULT * rounds)))
     return max(1, min(g, max(n, 1)))
+
+
+def unit_size(n: int, strategy) -> int:
+    """Samples per unit of the memory assignment (:func:`memory_unit` of the strategy's
+    ``chunk`` and ``memory_fraction``)."""
+    return memory_unit(n, strategy.memory_fraction, strategy.chunk)
 
 
 def _q_entropy(n: int, logp) -> float:

@@ -41,10 +41,8 @@ from .cost import (
     cpu_s,
     server_busy_s,
 )
-from .rl import ramp_floor, rl_memory, round_cuts
+from .rl import memory_unit, ramp_floor, rl_memory, round_cuts
 
-#: samples per unit of the memory assignment (assign_memory.DEFAULT_UNIT)
-_UNIT = 64
 #: holes a store's load reads through when the strategy's ``coalesce_gap`` is 0: two
 #: pages, so LMDB's page headers, the tails of overflow pages and the leaf pages between
 #: them do not cut a share into one read per record
@@ -130,7 +128,7 @@ def store_slots_per_node(sh: Shape, memory_fraction: float, load_rounds: int = 0
     if memory_fraction >= 1.0:
         held = 1.02 if load_rounds > 1 else 1.0
     else:  # two slots of whole units, each grown 2% for holes (sources/store_plan.py)
-        units = max(1, math.ceil(sh.n / _UNIT))
+        units = max(1, math.ceil(sh.n / memory_unit(sh.n, memory_fraction)))
         held = 2.0 * max(1, round(memory_fraction * units)) / units * 1.02
     return sh.n * sh.mean_len * sh.span * held / max(sh.nodes, 1)
 
@@ -165,7 +163,8 @@ def store_estimate(
             f"R={R:g}, over the {format_bytes(sh.cap)} left of the cap for reading"
         )
         return est
-    units = max(1, math.ceil(sh.n / (g or _UNIT)))
+    unit = g or memory_unit(sh.n, R)
+    units = max(1, math.ceil(sh.n / unit))
     per_round = max(1, round((1.0 / K if K else R) * units))
     # a progressive load's rounds ramp up from one that holds the first batch (round_cuts)
     ramp = ramp_floor(B, g) if K > 1 else 0
@@ -235,7 +234,7 @@ def store_estimate(
     est.rl = rl_memory(
         sh.n,
         1.0 / K if K else R,
-        unit=min(g or _UNIT, max(sh.n, 1)),
+        unit=min(unit, max(sh.n, 1)),
         ranks=P if mode == "opportunistic" else 1,
         ramp=ramp,
     )
