@@ -170,3 +170,19 @@ def test_missing_path_is_an_error_not_a_crash(tmp_path, capsys):
     assert "nope" in capsys.readouterr().err
     assert main(["index", str(tmp_path / "nope.h5")]) == 1
     assert "nope.h5" in capsys.readouterr().err
+
+
+def test_compressed_payload_says_stored_and_unpacked(tmp_path, capsys):
+    """On compressed data the payload line is the stored (compressed) bytes, and says so
+    next to the unpacked size; the layout line explains a chunked HDF5 layout."""
+    ni = generate("neuron-inverter", str(tmp_path / "ni"), samples=20, files=2,
+                  compression="gzip-shuffle", chunk_samples=5, progress=False)  # fmt: skip
+    assert main(["inspect", ni]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("payload"))
+    assert "stored compressed" in line and "once unpacked" in line
+    assert "384.0 KB of records once unpacked" in line  # 20 x 1600 x 3 x 4 B
+    layout = next(
+        ln for ln in out.splitlines() if ln.strip().startswith("layout ") and "chunked" in ln
+    )
+    assert "read through their chunks" in layout

@@ -50,7 +50,8 @@ EXPLAIN: dict[str, str] = {
     "scan_bytes": "bytes the index scan read",
     "dataset": "HDF5 dataset holding the samples",
     "labels": "dataset or file holding the labels",
-    "layout": "storage layout: contiguous rows are one extent each, no chunk lookups",
+    "layout": "HDF5 storage layout (contiguous: each row one extent, no chunk lookups; "
+    "chunked: rows are read through their chunks)",
     "sample_shape": "shape of one decoded sample",
     "dtype": "element type of a decoded sample",
     "record_bytes": "bytes per fixed-length record",
@@ -66,7 +67,8 @@ EXPLAIN: dict[str, str] = {
     "gzip_members": "gzip members (each one a restart point without history)",
     "restart_points": "places inflating can start: member starts and saved 32 KiB windows",
     "restart_windows": "restart points inside a member (32 KiB of history each, in the index)",
-    "restart_bytes": "decompressed bytes between restart points: at most this much extra inflate per record",
+    "restart_bytes": "the restart interval set when indexing (decompressed bytes): at most this much "
+    "extra inflate per record",
     "decompressed_bytes": "size of the decompressed TFRecord stream",
 }
 
@@ -194,9 +196,13 @@ def render(info: dict[str, Any]) -> str:
         lo, hi, mean = info["record_bytes_min"], info["record_bytes_max"], info["record_bytes_mean"]
         size = f"{lo:,} B each" if lo == hi else f"{lo:,} to {hi:,} B (mean {mean:,.0f})"
         out.append(f"  records    {size}")
+    packed = "unpacked_record_bytes" in info  # compressed: the payload is stored bytes
     out.append(
-        f"  payload    {_human(info['payload_bytes'])} = {100 * info['payload_fraction']:.1f}% of "
-        f"the file bytes (the rest is headers, tree pages, framing, padding)"
+        f"  payload    {_human(info['payload_bytes'])}"
+        + (" stored compressed" if packed else "")
+        + f" = {100 * info['payload_fraction']:.1f}% of the file bytes (the rest is headers, "
+        "tree pages, framing, padding)"
+        + (f"; {_human(info['unpacked_record_bytes'])} of records once unpacked" if packed else "")
     )
     if info.get("decode"):
         out.append(f"  decode     {info['decode']}")

@@ -92,8 +92,9 @@ def detect(path) -> str:
         "(npy), .npz/.jpg/.png files (files)"
         + (" on the files inside the directory" if os.path.isdir(p) else "")
         + ". "
-        "Pass format= one of lmdb, hdf5, tfrecord, npy, files, records "
-        "(fixed-size binary records: format='records', record_bytes=...)",
+        "Pass format= (on the command line, --format) one of lmdb, hdf5, tfrecord, npy, "
+        "files, records (fixed-size binary records: format='records' with record_bytes=, "
+        "or --format records --record-bytes N)",
     )
 
 

@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--compute",
         default="auto",
-        metavar="auto|ms",
+        metavar="auto|ms|model",
         help="compute per step: 'auto' = 1.2x the async read time per step, measured "
         "first (default), milliseconds (same as --compute-ms), or 'model' = a training "
         "step of a small torch MLP on the delivered bytes",

@@ -51,7 +51,8 @@ ROWS = {
     "none": "file order, no shuffle",
     "torch-pread": "PyTorch DataLoader, one pread per sample",
     "torch-h5py": "PyTorch DataLoader reading each sample with h5py",
-    "torch-w": "PyTorch DataLoader + h5py with w worker processes",
+    "torch-w": "PyTorch DataLoader + h5py with {w} worker processes",
+    "h5py-slices": "h5py reading each batch as contiguous slices (no per-sample calls)",
     "mmap": "sequential reads through mmap, in blocks of this size",
     "pread": "sequential pread, in blocks of this size",
     "per-sample": "one pread per sample, in file order",
@@ -71,7 +72,8 @@ def describe_run(name: str) -> str:
         name.rsplit("-", 1)[0],  # mmap-8M
     ):
         if cand in ROWS:
-            return ROWS[cand]
+            workers = name[len(cand) :] if cand == "torch-w" else ""
+            return ROWS[cand].replace("{w}", workers or "w")
     return "-"
 
 

@@ -214,7 +214,10 @@ def _write_hdf5(job: Job, synth: Any, prefix: str, paper: str) -> dict[str, Any]
             # default: no chunks, no filters (contiguous, one (offset, length) per sample);
             # --compression: chunks of --chunk-samples whole samples, filtered
             x = h5.create_dataset(
-                "x", shape=(hi - lo, *synth.shape), dtype=synth.dtype, **_h5_filters(job, synth)
+                "x",
+                shape=(hi - lo, *synth.shape),
+                dtype=synth.dtype,
+                **_h5_filters(job, synth, hi - lo),
             )
             y = h5.create_dataset("y", shape=(hi - lo, synth.n_targets), dtype="<f4")
             h5.attrs["generator"] = job.name
@@ -249,7 +252,7 @@ H5_COMPRESSION: dict[str, dict[str, Any]] = {
 }
 
 
-def _h5_filters(job: Job, synth: Any) -> dict[str, Any]:
+def _h5_filters(job: Job, synth: Any, rows: int) -> dict[str, Any]:
     comp = job.opts.get("compression", "none")
     if comp not in H5_COMPRESSION:
         raise ConfigError(f"compression must be one of {list(H5_COMPRESSION)}, not {comp!r}")
@@ -258,7 +261,9 @@ def _h5_filters(job: Job, synth: Any) -> dict[str, Any]:
     c = int(job.opts.get("chunk_samples", 16))
     if c < 1:
         raise ConfigError(f"chunk_samples must be >= 1, not {c}")
-    return {"chunks": (c, *synth.shape), **H5_COMPRESSION[comp]}
+    # a file with fewer samples than a chunk gets chunks of its size (HDF5 refuses
+    # chunks larger than the dataset)
+    return {"chunks": (max(1, min(c, rows)), *synth.shape), **H5_COMPRESSION[comp]}
 
 
 class _Cosmo(CosmoSynth):
