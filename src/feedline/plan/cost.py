@@ -473,7 +473,8 @@ class Choice:
                 else ""
             ),
             f"job: {sh.ranks} ranks on {sh.nodes} nodes, batch {sh.batch}, {sh.n} samples of "
-            f"{sh.mean_len:.0f} B (file {sh.file_bytes / 1e9:.2f} GB), memory cap "
+            f"{sh.mean_len:.0f} B (read through their holes, tile edges allowed: "
+            f"{sh.file_bytes / 1e9:.2f} GB), memory cap "
             f"{sh.cap / 1e9:.2f} GB per node",
             f"cpu term: {host_of(sh)[0]} ranks per host on {host_of(sh)[1]} cores"
             + (" (ranks take turns)" if host_of(sh)[0] > host_of(sh)[1] else "")

@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_size,
         default=None,
         metavar="BYTES",
-        help="dataset bytes per sample size (default 128M; 2M with --quick)",
+        help="dataset bytes per sample size (default 128M; 2M with --quick), at least two "
+        "batches of samples",
     )
     parser.add_argument("--batch-size", type=int, default=128, metavar="B", help="default 128")
     parser.add_argument(

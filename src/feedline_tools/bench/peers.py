@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--loaders",
         default=None,
         metavar="LIST",
-        help=f"loaders (default all): {','.join(pl.LOADERS)}",
+        help=f"loaders (default all; with --quick {','.join(QUICK_LOADERS)}): "
+        f"{','.join(pl.LOADERS)}",
     )
     parser.add_argument(
         "--workers",
