@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Byte sizes as users write them (``64MB``, ``64MiB``, ``2G``, ``2.5e9``, ``4096``) and
-as people read them (``1 B``, ``64.0 MiB``).
+as people read them (``1 B``, ``64.0 MiB``); counts given on a command line
+(:func:`count_at_least`).
 
 One parser for every size feedline accepts (``memory_cap=``, ``FEEDLINE_MEMORY_CAP``,
 ``buffer=``, ``FEEDLINE_ASYNC_BUFFER``, bench flags): decimal units are powers of 1000,
@@ -9,8 +10,10 @@ One parser for every size feedline accepts (``memory_cap=``, ``FEEDLINE_MEMORY_C
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
+from collections.abc import Callable
 
 from .errors import ConfigError
 
@@ -56,4 +59,20 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} {unit}"
 
 
-__all__ = ["format_bytes", "parse_bytes"]
+def count_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type=``: a whole number of at least *low*, else an error that
+    argparse prints naming the option (never a silent default for 0)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+        return n
+
+    return parse
+
+
+__all__ = ["count_at_least", "format_bytes", "parse_bytes"]

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from ..errors import ConfigError
-from ..units import parse_bytes
+from ..units import count_at_least, parse_bytes
 from .plan import make_plan
 from .strategy import PRESET_DOCS, PRESETS, get_strategy
 from .world import WorldSpec
@@ -33,14 +33,7 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e).removeprefix("a size: ")) from None
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return n
+_positive = count_at_least(1)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ from typing import Any
 from feedline import defaults
 from feedline.errors import ConfigError, FeedlineError
 from feedline.plan.world import WorldSpec
+from feedline.units import count_at_least
 from feedline_tools.bench import report
 from feedline_tools.bench.runners import DatasetSpec
 from feedline_tools.bench.worker import execute, under_mpiexec, world_comm
@@ -74,19 +75,7 @@ def size_label(n: int) -> str:
     return report._size_label(n)
 
 
-def at_least(low: int):
-    """An argparse type: a whole number >= *low* (a clear error, not a silent default)."""
-
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = low - 1
-        if n < low:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
-        return n
-
-    return parse
+at_least = count_at_least  # bench options are counts too (feedline.units)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None = None) -> None:
