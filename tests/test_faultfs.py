@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The FUSE fault file system family (docs/reliability.md): the storage emulator injects
 EIO (transient and persistent), ESTALE and ENOENT after a good open, EINTR, short reads
-and stalls (15 s; 45 s in the full tier) into the reads of a real mount; the Loader runs under real ``mpiexec``
+and stalls (20 s; 45 s in the full tier) into the reads of a real mount; the Loader runs under real ``mpiexec``
 with 1, 2 and 4 ranks and every batch's bytes are hashed against a fault-free run.
 
 Outcomes: a transient fault (EIO, EINTR, retried by the engine) gives the same bytes
@@ -83,7 +83,7 @@ NON_STORE = (
 #: before it ends. A job's processes still end only when it does (a thread stuck in a
 #: FUSE read keeps its process a zombie until the daemon answers), so the default tier
 #: stalls for less than the full tier.
-STALL_S = {False: 15, True: 45}
+STALL_S = {False: 20, True: 45}
 QUICK = {
     1: ("tf", list(KINDS)),
     2: ("feedline", ["eio-transient", "eio-persistent", "stall"]),
@@ -169,7 +169,7 @@ def check_case(emu, P, preset, case, tmp, baselines, full: bool = False) -> str:
     assert len(res["outcomes"]) == P, f"{case}: not every rank reported\n{log}"
     for r, (k, typ, secs, msg) in res["outcomes"].items():
         # a stalled read gives up at the timeout (3 s), not when the stall ends
-        assert secs < stall - 3, (r, secs, stall)
+        assert secs < (stall - 3 if kind == "stall" else 60), (r, secs, stall)
         for step, h in res["hashes"].get(r, {}).items():  # never wrong bytes
             assert baselines[key][r][step] == h, f"{case}: rank {r} step {step}: other bytes"
         if expect == "same":

@@ -38,8 +38,11 @@ def test_probe_measures_saves_and_the_planner_uses_it(tmp_path, cache, capsys):
         v > 0 for v in m["stream_bw_by_block"].values()
     )
     assert m["aggregate_bw_by_streams"] and doc["latency_s"] > 0
-    # the 256 MiB scratch file is too small for every measurement to read fresh bytes
-    assert 0 < m["reread_bytes"] < probe.SCRATCH_BYTES * 4
+    # the 256 MiB scratch file is too small for every measurement to read fresh bytes:
+    # the last streams re-read (if the time budget let the sweep get that far)
+    assert 0 <= m["reread_bytes"] < probe.SCRATCH_BYTES * 4
+    if "16" in m["aggregate_bw_by_streams"]:
+        assert m["reread_bytes"] > 0
     assert m["seconds"] < 4 * 3  # bounded (the budget is checked between stages)
     assert not [p for p in os.listdir(data) if p.startswith(".feedline-probe-")]  # scratch gone
     prof = get_profile(None, str(data))
@@ -58,8 +61,9 @@ def test_each_measurement_reads_a_region_no_other_read():
     spans = [(f.take(n), n) for n in (MiB, 5 * MiB, 16 * MiB)]
     assert [o for o, _ in spans] == [0, 4 * MiB, 12 * MiB]
     assert f.reread == 0
-    assert f.take(40 * MiB) == 0 and f.reread == 40 * MiB  # 28 + 40 > 64: wraps
-    assert f.take(100 * MiB) == 0 and f.reread == 104 * MiB  # clipped to the file
+    # 28 + 40 > 64: wraps; of the 40 MiB, the first 28 were read before
+    assert f.take(40 * MiB) == 0 and f.reread == 28 * MiB
+    assert f.take(100 * MiB) == 0 and f.reread == (28 + 40) * MiB  # clipped to the file
 
 
 def test_probe_no_save_and_errors(tmp_path, cache, capsys):

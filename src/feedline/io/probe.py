@@ -50,6 +50,8 @@ MIN_FILE = 64 * _MiB
 #: a single-stream measurement reads at most this fraction of the file (1/STREAM_SHARE),
 #: so that the five of them leave most of it unread for the aggregate sweep
 STREAM_SHARE = 16
+#: reads of its block a single-stream measurement makes at least
+MIN_READS = 8
 
 
 class _Fresh:
@@ -73,8 +75,8 @@ class _Fresh:
         nbytes = min(int(nbytes), self.size)
         if self.at + nbytes > self.size:
             self.at = 0
-        if self.at < self._high:
-            self.reread += nbytes
+        if self.at < self._high:  # only what was read before counts
+            self.reread += min(nbytes, self._high - self.at)
         off = self.at
         self.at += -(-nbytes // (4 * _MiB)) * (4 * _MiB)
         self._high = max(self._high, min(self.at, self.size))
@@ -167,7 +169,10 @@ def measure(path: str, seconds: float = 20.0, progress: bool = True) -> dict[str
         for b in BLOCKS:
             # as many bytes as this block size reads in its share of the time, roughly
             est_bw = b / (lat + b / 2e9)
-            cap = int(min(max(b, est_bw * budget), 512 * _MiB, max(b, size // STREAM_SHARE)))
+            # at least MIN_READS reads of the block, fresh or not (a point of 1-2 reads
+            # is noise), else its share of the file
+            share = max(MIN_READS * b, size // STREAM_SHARE)
+            cap = int(min(max(b, est_bw * budget), 512 * _MiB, share, size))
             r = bench_read(target, b, "odirect", max_bytes=cap, offset=fresh.take(cap))
             stream[str(b)] = r.bytes / max(r.seconds, 1e-9)
             say(f"one stream, {b >> 10} KiB reads: {stream[str(b)] / 1e6:.0f} MB/s")

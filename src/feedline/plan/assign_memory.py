@@ -22,7 +22,7 @@ import numpy as np
 
 from ._perm import derive_key, permute, subkeys
 from .layout import even_part, even_start, floor_start
-from .rl import ramp_floor, round_cuts, unit_size
+from .rl import DEFAULT_UNIT, ramp_floor, round_cuts, unit_size
 from .stream import Assignment, GroupSlots
 
 
@@ -177,7 +177,12 @@ def epoch_strategy(strategy, epoch: int):
     """The strategy whose ``memory(R)`` order *epoch* follows: a progressive store's
     epoch 0 is ``memory(1/K)``'s (:func:`layout_stream`); every other epoch its own."""
     K = load_rounds(strategy) if int(epoch) == 0 else 0
-    return strategy.replace(memory_fraction=1.0 / K) if K else strategy
+    if not K:
+        return strategy
+    # the unit stays the store's (R = 1: layout_stream, epoch_ramp): memory(1/K) alone
+    # would take smaller units on a small dataset (rl.memory_unit), and epoch 0 would
+    # read rounds other than the ones the store loads
+    return strategy.replace(memory_fraction=1.0 / K, chunk=strategy.chunk or DEFAULT_UNIT)
 
 
 def epoch_ramp(strategy, epoch: int, n: int, batch: int) -> int:

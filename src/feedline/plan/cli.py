@@ -46,7 +46,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("path", nargs="?", help="dataset to plan over (its index is read)")
     p.add_argument("--format", default=None, help="dataset format when PATH is ambiguous")
     p.add_argument(
-        "--record-bytes", type=int, default=None, help="records format: bytes per record"
+        "--record-bytes", type=_positive, default=None, help="records format: bytes per record"
     )
     p.add_argument("--ranks", type=_positive, default=1, help="MPI ranks P (default 1)")
     p.add_argument("--nodes", type=_positive, default=1, help="nodes M (default 1)")

@@ -60,14 +60,19 @@ MIN_ROUND_UNITS_DEFAULT = 2
 def memory_unit(n: int, fraction: float, chunk: int = 0) -> int:
     """Samples per unit of ``memory(R)`` over *n* samples: *chunk* when given, else
     :data:`DEFAULT_UNIT`, made smaller when R < 1 and the dataset is too small for
-    :data:`MIN_ROUND_UNITS_DEFAULT` units in each of its ceil(1/R) rounds (32 samples
-    at R = 0.25 made one unit of 64: one round, R = 1 in effect)."""
+    :data:`MIN_ROUND_UNITS_DEFAULT` units in each of its ceil(1/R) rounds, or for R of
+    its units to be fewer than all of them (32 samples at R = 0.25 made one unit of 64:
+    one round, R = 1 in effect). Units of one sample are the floor: a dataset smaller
+    than that need still rounds R to whole samples."""
     g = int(chunk)
     if not g:
         g = DEFAULT_UNIT
         if fraction < 1.0:
             rounds = math.ceil(1.0 / fraction - 1e-9)
-            g = min(g, max(1, n // (MIN_ROUND_UNITS_DEFAULT * rounds)))
+            # enough units that every round holds a few, and that R of them (rounded) is
+            # fewer than all (R = 0.9 over 4 units would round to one round of all 4)
+            need = max(MIN_ROUND_UNITS_DEFAULT * rounds, math.ceil(1.0 / (1.0 - fraction)) + 1)
+            g = min(g, max(1, n // need))
     return max(1, min(g, max(n, 1)))
 
 

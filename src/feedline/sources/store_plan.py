@@ -45,10 +45,13 @@ class _Rounds:
         own = True  # the steps' positions are those of the rounds
         if lay is not None:
             self.stream = lay
+            # epoch 0's order is the layout's rounds exactly: same unit, same cuts (a
+            # count alone can agree while the rounds differ)
             own = (
                 plan.epoch == 0
                 and hasattr(stream, "round_bounds")
-                and getattr(stream, "rounds", 0) == lay.rounds
+                and getattr(stream, "g", None) == lay.g
+                and np.array_equal(getattr(stream, "cuts", ()), lay.cuts)
             )
             lo, hi = lay.round_bounds(np.arange(lay.rounds, dtype=np.int64))
             self.lo = np.asarray(lo, dtype=np.int64)

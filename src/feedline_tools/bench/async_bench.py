@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigError
+from feedline.units import count_at_least as at_least
 from feedline_tools.bench import report
 from feedline_tools.bench.async_report import markdown, plot, summarize
 from feedline_tools.bench.digest import DeliveryRecorder
@@ -112,10 +113,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "first (default), milliseconds (same as --compute-ms), or 'model' = a training "
         "step of a small torch MLP on the delivered bytes",
     )
-    g.add_argument("--samples", type=int, default=None, metavar="N", help="samples per dataset")
-    g.add_argument("--batch-size", type=int, default=None, metavar="B", help="global batch")
     g.add_argument(
-        "--buffer", type=int, default=None, metavar="SAMPLES", help="async buffer B in samples"
+        "--samples", type=at_least(1), default=None, metavar="N", help="samples per dataset"
+    )
+    g.add_argument("--batch-size", type=at_least(1), default=None, metavar="B", help="global batch")
+    g.add_argument(
+        "--buffer",
+        type=at_least(1),
+        default=None,
+        metavar="SAMPLES",
+        help="async buffer B in samples",
     )
     g.add_argument(
         "--sweep",
@@ -131,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--epochs",
-        type=int,
+        type=at_least(1),
         default=None,
         metavar="E",
         help="epochs per run, averaged as the paper does (default 3; 1 with --quick)",

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigError
+from feedline.units import count_at_least as at_least
 from feedline_tools.bench.harness import (
     RunSpec,
     add_common_arguments,
@@ -44,10 +45,16 @@ RUNS = ("feedline", "async", "h5py-slices", "torch-h5py")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("compressed")
-    g.add_argument("--samples", type=int, default=None, help="samples (default 2000; quick 128)")
-    g.add_argument("--side", type=int, default=None, help="sample side (default 128; quick 32)")
-    g.add_argument("--chunk", type=int, default=16, help="samples per HDF5 chunk (default 16)")
-    g.add_argument("--batch-size", type=int, default=None, help="global batch (default 64)")
+    g.add_argument(
+        "--samples", type=at_least(1), default=None, help="samples (default 2000; quick 128)"
+    )
+    g.add_argument(
+        "--side", type=at_least(1), default=None, help="sample side (default 128; quick 32)"
+    )
+    g.add_argument(
+        "--chunk", type=at_least(1), default=16, help="samples per HDF5 chunk (default 16)"
+    )
+    g.add_argument("--batch-size", type=at_least(1), default=None, help="global batch (default 64)")
     g.add_argument("--runs", default=",".join(RUNS), help=f"runs to compare (of {','.join(RUNS)})")
     g.add_argument("--keep-data", action="store_true", help="keep the generated file")
     add_common_arguments(p)

@@ -93,7 +93,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None =
     )
     g.add_argument(
         "--nodes",
-        type=at_least(0),
+        type=at_least(1),
         default=None,
         metavar="M",
         help="emulated nodes (FEEDLINE_NODES; node = rank*M//N)",
@@ -102,7 +102,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None =
     g.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (smoke test)")
     g.add_argument(
         "--repeats",
-        type=int,
+        type=at_least(1),
         default=None,
         metavar="R",
         help="repeat every run R times from cold cache; medians reported (default 3, "
@@ -123,7 +123,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None =
         help="emulated compute per step, milliseconds (sleep)",
     )
     g.add_argument(
-        "--steps", type=int, default=steps, metavar="S", help="steps per run (default: one epoch)"
+        "--steps",
+        type=at_least(1),
+        default=steps,
+        metavar="S",
+        help="steps per run (default: one epoch)",
     )
     g.add_argument(
         "--limit-block",

@@ -34,6 +34,7 @@ from typing import Any
 
 from feedline.errors import ConfigError
 from feedline.sources.lmdbio import PRESETS
+from feedline.units import count_at_least as at_least
 from feedline_tools.bench import report
 from feedline_tools.bench.harness import (
     RunSpec,
@@ -49,14 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("lmdbio")
     g.add_argument(
         "--samples",
-        type=int,
+        type=at_least(1),
         default=None,
         metavar="N",
         help="records of the generated cifar10-large LMDB (default 200000; 600 with --quick)",
     )
     g.add_argument(
         "--batch-size",
-        type=int,
+        type=at_least(1),
         default=None,
         metavar="B",
         help="global batch in records (default 2048; 64 with --quick)",
@@ -104,14 +105,15 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per preset: the LMDBIO figures from the harness document (readers' means
     for seek/io, every rank's in-source skew, totals for bytes and switches)."""
     rows = []
-    digests: dict[tuple[str, str], str | None] = {}
+    digests: dict[tuple[Any, ...], str | None] = {}
     lim_s = (doc.get("limit") or {}).get("seconds")
 
-    def order_of(r: dict[str, Any]) -> tuple[Any, Any]:
+    def order_of(r: dict[str, Any]) -> tuple[Any, ...]:
         # runs of one order: the ladder's strided presets, COAL and STAG; a preset whose
         # plan is its own (feedline, its tiles or store) has no order key of the ladder
         p = r["params"]
-        return (p.get("assignment") or r["name"], p.get("region"))
+        keys = ("region", "store", "chunk", "chunk_layout", "memory_fraction")
+        return (p.get("assignment") or r["name"], *(p.get(k) for k in keys))
 
     shared = Counter(order_of(r) for r in doc["runs"])
     for r in doc["runs"]:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigError
+from feedline.units import count_at_least as at_least
 from feedline_tools.bench import report
 from feedline_tools.bench.harness import _size
 
@@ -49,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dataset bytes per sample size (default 128M; 2M with --quick), at least two "
         "batches of samples",
     )
-    parser.add_argument("--batch-size", type=int, default=128, metavar="B", help="default 128")
+    parser.add_argument(
+        "--batch-size", type=at_least(1), default=128, metavar="B", help="default 128"
+    )
     parser.add_argument(
         "--presets",
         default="feedline,async-db,tf-pre,tf",
@@ -63,7 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="DataLoader rows: torch-pread, torch-h5py (default both)",
     )
     parser.add_argument("--core", type=int, default=None, help="CPU to pin to (default: last)")
-    parser.add_argument("--repeats", type=int, default=None, help="epochs timed per row (3)")
+    parser.add_argument(
+        "--repeats", type=at_least(1), default=None, help="epochs timed per row (3)"
+    )
     parser.add_argument("--path", metavar="DIR", help="where to write the data (default: temp)")
     parser.add_argument("--ranks", type=int, default=1, metavar="N", help="must be 1 (one core)")
     parser.add_argument("--nodes", type=int, default=1, metavar="M", help="must be 1")

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from feedline.errors import ConfigError
+from feedline.units import count_at_least as at_least
 from feedline_tools.bench import peer_loaders as pl
 
 DEFAULT_LOADERS = list(pl.LOADERS)
@@ -55,14 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--samples",
         "-n",
-        type=int,
+        type=at_least(1),
         default=None,
         metavar="N",
         help="samples (default 200,000; 4,000 with --quick)",
     )
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=at_least(1),
         default=256,
         metavar="B",
         help="global batch (default 256), split evenly over the ranks",
@@ -82,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=at_least(0),
         default=2,
         help="DataLoader workers of the streaming peers (default 2)",
     )

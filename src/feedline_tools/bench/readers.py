@@ -23,6 +23,7 @@ import tempfile
 import numpy as np
 
 from feedline import defaults
+from feedline.units import count_at_least as at_least
 from feedline_tools.bench.harness import (
     RunSpec,
     _size,
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=at_least(1),
         default=1024,
         metavar="B",
         help="global batch in records (default 1024)",

@@ -40,6 +40,7 @@ import numpy as np
 from feedline.errors import ConfigError
 from feedline.plan import WorldSpec, get_strategy, make_plan
 from feedline.plan import rl as _rl
+from feedline.units import count_at_least as at_least
 from feedline_tools.bench import report
 
 PAPER_GROUPS = {4: 0.73, 16: 0.49, 256: 0.16}  # DeepIO Fig. 7 (Caltech-101, 85% train)
@@ -49,12 +50,12 @@ CALIB_N = (7664, 7772)  # see docs/planner.md: the paper's exact split size is n
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--samples", type=int, default=None, help="dataset size (10000; 400 with --quick)"
+        "--samples", type=at_least(1), default=None, help="dataset size (10000; 400 with --quick)"
     )
     parser.add_argument(
-        "--epochs", type=int, default=None, help="training epochs (2; 1 with --quick)"
+        "--epochs", type=at_least(1), default=None, help="training epochs (2; 1 with --quick)"
     )
-    parser.add_argument("--batch-size", type=int, default=128, help="global batch (128)")
+    parser.add_argument("--batch-size", type=at_least(1), default=128, help="global batch (128)")
     parser.add_argument(
         "--chunks", default=None, metavar="LIST", help="chunk sizes B (default 16,256,2048)"
     )
@@ -65,13 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="DeepIO memory fractions R trained (default 0.25, none with --quick; RL rows "
         "also 0.5, 0.1)",
     )
-    parser.add_argument("--holdout", type=int, default=10, help="every k-th sample held out")
+    parser.add_argument(
+        "--holdout", type=at_least(1), default=10, help="every k-th sample held out"
+    )
     parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
+    parser.add_argument("--threads", type=at_least(1), default=1, help="torch CPU threads (1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-train", action="store_true", help="RL tables only")
-    parser.add_argument("--ranks", type=int, default=4, metavar="N", help="plan world size")
-    parser.add_argument("--nodes", type=int, default=1, metavar="M", help="plan nodes")
+    parser.add_argument("--ranks", type=at_least(1), default=4, metavar="N", help="plan world size")
+    parser.add_argument("--nodes", type=at_least(1), default=1, metavar="M", help="plan nodes")
     parser.add_argument("--path", metavar="P", help="dataset (generated there if missing)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write the result document here")

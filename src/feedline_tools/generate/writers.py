@@ -208,7 +208,11 @@ def _write_hdf5(job: Job, synth: Any, prefix: str, paper: str) -> dict[str, Any]
     import h5py
 
     files = []
-    for f_i, (lo, hi) in enumerate(_split(job.n, int(job.opts["files"]))):
+    split = list(_split(job.n, int(job.opts["files"])))
+    # one chunk shape for every file (feedline refuses a dataset whose files differ),
+    # no larger than the smallest file (HDF5 refuses chunks larger than the dataset)
+    rows = min((hi - lo for lo, hi in split), default=1)
+    for f_i, (lo, hi) in enumerate(split):
         name = f"{prefix}-{f_i:04d}.h5"
         with h5py.File(os.path.join(job.out, name), "w") as h5:
             # default: no chunks, no filters (contiguous, one (offset, length) per sample);
@@ -217,7 +221,7 @@ def _write_hdf5(job: Job, synth: Any, prefix: str, paper: str) -> dict[str, Any]
                 "x",
                 shape=(hi - lo, *synth.shape),
                 dtype=synth.dtype,
-                **_h5_filters(job, synth, hi - lo),
+                **_h5_filters(job, synth, rows),
             )
             y = h5.create_dataset("y", shape=(hi - lo, synth.n_targets), dtype="<f4")
             h5.attrs["generator"] = job.name
@@ -261,8 +265,7 @@ def _h5_filters(job: Job, synth: Any, rows: int) -> dict[str, Any]:
     c = int(job.opts.get("chunk_samples", 16))
     if c < 1:
         raise ConfigError(f"chunk_samples must be >= 1, not {c}")
-    # a file with fewer samples than a chunk gets chunks of its size (HDF5 refuses
-    # chunks larger than the dataset)
+    # at most *rows* (the smallest file's samples): HDF5 refuses larger chunks
     return {"chunks": (max(1, min(c, rows)), *synth.shape), **H5_COMPRESSION[comp]}
 
 
