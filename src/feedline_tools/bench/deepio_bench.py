@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from feedline_tools.bench.harness import _size, at_least, mpiexec_command, size_label
+from feedline.units import count_at_least as at_least
+from feedline_tools.bench.harness import _size, mpiexec_command, size_label
 from feedline_tools.bench.readers import generate
 
 SIZES = "1K,4K,64K,256K,1M"

@@ -28,7 +28,7 @@ from typing import Any
 from feedline import defaults
 from feedline.errors import ConfigError, FeedlineError
 from feedline.plan.world import WorldSpec
-from feedline.units import count_at_least
+from feedline.units import count_at_least as at_least
 from feedline_tools.bench import report
 from feedline_tools.bench.runners import DatasetSpec
 from feedline_tools.bench.worker import execute, under_mpiexec, world_comm
@@ -73,9 +73,6 @@ def _size(text: str) -> int:
 def size_label(n: int) -> str:
     """4096 -> '4K', 8388608 -> '8M'."""
     return report._size_label(n)
-
-
-at_least = count_at_least  # bench options are counts too (feedline.units)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int | None = None) -> None:
